@@ -1,0 +1,17 @@
+"""ms_optim: THOR, LARS, ASGD and Lamb for MindSpore, on CPU, GPU and Ascend.
+
+Public names: ``ms_optim.nn`` (drop-in for ``mindspore.nn``), ``ms_optim.train_thor`` (drop-in for
+``mindspore.train.train_thor``), and every optimizer/THOR name at top level (``ms_optim.Lamb``,
+``ms_optim.thor``, ``ms_optim.ConvertModelUtils``, ...).
+"""
+from ms_optim._facade import lazy_dir, lazy_getattr
+from ms_optim.nn import _EXPORTS as _NN_EXPORTS
+from ms_optim.train_thor import _EXPORTS as _TRAIN_THOR_EXPORTS
+
+__version__ = "0.1.0"
+
+_EXPORTS = {**_NN_EXPORTS, **_TRAIN_THOR_EXPORTS}
+
+__all__ = sorted(_EXPORTS) + ["nn", "train_thor"]
+__getattr__ = lazy_getattr(_EXPORTS, __name__)
+__dir__ = lazy_dir(_EXPORTS)

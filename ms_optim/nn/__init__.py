@@ -1,0 +1,20 @@
+"""`from ms_optim import nn` in place of `from mindspore import nn`.
+
+The optimizers and THOR layers below are ms_optim's own implementations; every other name
+(`nn.Dense`, `nn.Momentum`, `nn.Cell`, ...) is MindSpore's, so a script needs no other change.
+"""
+from ms_optim._facade import lazy_dir, lazy_getattr
+
+_EXPORTS = {
+    "Lamb": "ms_optim.optim.lamb",
+    "LARS": "ms_optim.optim.lars",
+    "ASGD": "ms_optim.optim.asgd",
+    "thor": "ms_optim.thor.optimizer",
+    "DenseThor": "ms_optim.thor.layers",
+    "Conv2dThor": "ms_optim.thor.layers",
+    "EmbeddingThor": "ms_optim.thor.layers",
+}
+
+__all__ = sorted(_EXPORTS)
+__getattr__ = lazy_getattr(_EXPORTS, __name__, fallback="mindspore.nn")
+__dir__ = lazy_dir(_EXPORTS, fallback="mindspore.nn")

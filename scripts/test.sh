@@ -1,0 +1,10 @@
+#!/usr/bin/env bash
+# Install ms_optim with its test extras into .venv and run the whole test suite
+# (unit, NumPy-reference, slow and distributed tests; benchmarks are excluded).
+# Usage: bash scripts/test.sh [extra pytest args]
+set -euo pipefail
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+# shellcheck source=scripts/_venv.sh
+source "$ROOT/scripts/_venv.sh" "test,examples"
+cd "$ROOT"
+python -m pytest -ra --durations=15 "$@"

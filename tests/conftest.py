@@ -1,0 +1,25 @@
+"""Shared fixtures: every numeric test runs in both MindSpore execution modes."""
+import os
+import sys
+
+import numpy as np
+import pytest
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # tests/reference importable as `reference`
+
+import mindspore as ms  # noqa: E402
+
+
+@pytest.fixture(params=["pynative", "graph"])
+def mode(request):
+    """Run the test in PYNATIVE_MODE and in GRAPH_MODE on CPU; yields the mode name."""
+    ms.set_context(mode=ms.PYNATIVE_MODE if request.param == "pynative" else ms.GRAPH_MODE,
+                   device_target="CPU")
+    yield request.param
+    ms.set_context(mode=ms.PYNATIVE_MODE)
+
+
+@pytest.fixture
+def rng():
+    """A seeded NumPy generator so every test draws the same data each run."""
+    return np.random.default_rng(1234)
