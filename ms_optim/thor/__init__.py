@@ -35,7 +35,7 @@ How the pieces fit (the contract between the modules of this package):
 ``parallel.py`` -- ``FactorAllReduce``: mean all-reduce of factors in fusion groups split at
     ``split_indices``; identity on a single device.
 
-``model.py`` -- ``ModelThor`` (the dataset-sink loop, implemented here for every backend) and
+``model.py`` -- ``ModelThor`` (the dataset-sink loop, implemented here for every backend) and (kept beside it, since it only builds a ModelThor)
     ``ConvertModelUtils.convert_to_thor_model``.
 
 ``schedules.py`` -- the model zoo's learning-rate and damping generators.

@@ -2,7 +2,7 @@
 from ms_optim._facade import lazy_dir, lazy_getattr
 
 _EXPORTS = {
-    "ConvertModelUtils": "ms_optim.thor.convert",
+    "ConvertModelUtils": "ms_optim.thor.model",
     "ConvertNetUtils": "ms_optim.thor.convert",
     "ModelThor": "ms_optim.thor.model",
 }
