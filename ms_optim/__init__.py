@@ -10,7 +10,8 @@ from ms_optim.train_thor import _EXPORTS as _TRAIN_THOR_EXPORTS
 
 __version__ = "0.1.0"
 
-_EXPORTS = {**_NN_EXPORTS, **_TRAIN_THOR_EXPORTS}
+# use()/undo_use(): point MindSpore's own names at ms_optim's (what `python -m ms_optim.run` does).
+_EXPORTS = {**_NN_EXPORTS, **_TRAIN_THOR_EXPORTS, "use": "ms_optim._patch", "undo_use": "ms_optim._patch"}
 
 __all__ = sorted(_EXPORTS) + ["nn", "train_thor"]
 __getattr__ = lazy_getattr(_EXPORTS, __name__)
