@@ -1,0 +1,304 @@
+"""``ms_optim.use()``: point MindSpore's own names at ms_optim's, so unmodified scripts run on CPU.
+
+After ``use()`` a script that calls MindSpore's THOR, Lamb, LARS or ASGD, through ``import mindspore.nn
+as nn``, ``from mindspore.nn import LARS``, ``ms.ConvertModelUtils`` or an import from the
+``mindspore.train.train_thor`` package, gets ms_optim's implementation without any edit. How:
+
+* every module already in ``sys.modules`` whose name is ``mindspore`` or starts with ``mindspore.`` is
+  scanned, and each attribute that *is* (identity) one of MindSpore's originals for a replaced name
+  (``thor``, ``Lamb``, ``LARS``, ``ASGD``, ``DenseThor``, ``Conv2dThor``, ``EmbeddingThor``,
+  ``ConvertModelUtils``, ``ConvertNetUtils``, ``ModelThor``) is set to ms_optim's object. This reaches
+  the public namespaces (``mindspore``, ``mindspore.nn``, ``mindspore.train``,
+  ``mindspore.train.train_thor``) and the modules behind them (``mindspore.nn.optim``,
+  ``mindspore.train.train_thor.convert_utils``, ...), so ``import mindspore.nn as nn`` and
+  ``from mindspore.nn.optim import thor`` both see the replacement;
+* ``mindspore.train.train_thor.ModelThor`` is added (MindSpore keeps it one module deeper);
+* a meta-path hook patches the same way every ``mindspore.*`` module imported while ``use()`` is active
+  (``mindspore.train.train_thor.model_thor`` is imported only on demand), and records what it did.
+
+``undo()`` (the handle's, or the context manager's exit, or ``ms_optim.undo_use()``) puts every recorded
+attribute back, deleting the ones that did not exist, and removes the hook: MindSpore's namespaces are
+then exactly as before. Names a script copied into its *own* globals before ``use()`` ran (``from
+mindspore.nn import thor`` executed earlier) cannot be reached; ``python -m ms_optim.run`` calls
+``use()`` before the script starts, so that case does not arise there.
+"""
+from __future__ import annotations
+
+import importlib
+import importlib.abc
+import sys
+import threading
+from types import ModuleType
+from typing import Any, Dict, List, Optional, Tuple
+
+__all__ = ["use", "undo_use", "is_active", "UsePatch"]
+
+_MISSING = object()
+
+# Public name -> ms_optim module defining it (the same table as the facades).
+_NN_NAMES = ("thor", "Lamb", "LARS", "ASGD", "DenseThor", "Conv2dThor", "EmbeddingThor")
+_TRAIN_THOR_NAMES = ("ConvertModelUtils", "ConvertNetUtils", "ModelThor")
+
+# Modules where a *definition* of a replaced name (not only a re-export of a known original) is
+# also replaced when it is imported under use(): MindSpore's implementation packages.
+_DEFINING_PREFIXES = ("mindspore.nn.", "mindspore.train.")
+
+# The namespaces a script names directly, in the order they are reported.
+_PUBLIC_MODULES = ("mindspore.nn", "mindspore", "mindspore.train", "mindspore.train.train_thor")
+
+_lock = threading.RLock()
+_active: Optional["_Session"] = None
+
+
+def _ours() -> Dict[str, Any]:
+    """ms_optim's object for every replaced name (imports the implementations; raises if one fails)."""
+    from ms_optim.nn import _EXPORTS as nn_exports
+    from ms_optim.train_thor import _EXPORTS as tt_exports
+
+    table = {**{n: nn_exports[n] for n in _NN_NAMES}, **{n: tt_exports[n] for n in _TRAIN_THOR_NAMES}}
+    objects = {}
+    for name, module_name in table.items():
+        try:
+            module = importlib.import_module(module_name)
+        except Exception as exc:  # report which implementation is missing, then stop before patching
+            raise ImportError(f"ms_optim.use() cannot replace '{name}': importing {module_name} failed "
+                              f"({type(exc).__name__}: {exc})") from exc
+        objects[name] = getattr(module, name)
+    return objects
+
+
+def _is_mindspore_module(name: str) -> bool:
+    return name == "mindspore" or name.startswith("mindspore.")
+
+
+class _Session:
+    """One activation: what was replaced, so that undo restores it exactly."""
+
+    def __init__(self, ours: Dict[str, Any]):
+        self.ours = ours
+        self.our_ids = {id(obj): name for name, obj in ours.items()}
+        # name -> MindSpore's objects known for that name (usually one).
+        self.originals: Dict[str, List[Any]] = {name: [] for name in ours}
+        # (module, attribute, previous value or _MISSING), in the order applied.
+        self.records: List[Tuple[ModuleType, str, Any]] = []
+        self.hook: Optional[_PatchFinder] = None
+        self.depth = 1
+
+    # -- discovering MindSpore's originals -------------------------------------------------------
+    def _add_original(self, name: str, obj: Any) -> None:
+        if obj is _MISSING or id(obj) in self.our_ids:
+            return
+        if not any(obj is known for known in self.originals[name]):
+            self.originals[name].append(obj)
+
+    def collect_originals(self) -> None:
+        import mindspore  # noqa: F401  (loads mindspore.nn, mindspore.train and train_thor)
+
+        homes = {name: "mindspore.nn" for name in _NN_NAMES}
+        homes.update(ConvertModelUtils="mindspore.train.train_thor", ConvertNetUtils="mindspore.train.train_thor",
+                     ModelThor="mindspore.train.train_thor.model_thor")
+        for name, home in homes.items():
+            module = sys.modules.get(home)
+            if module is not None:
+                self._add_original(name, module.__dict__.get(name, _MISSING))
+
+    # -- patching --------------------------------------------------------------------------------
+    def _set(self, module: ModuleType, name: str, value: Any) -> None:
+        self.records.append((module, name, module.__dict__.get(name, _MISSING)))
+        setattr(module, name, value)
+
+    def patch_module(self, module: ModuleType, newly_imported: bool = False) -> None:
+        """Replace every attribute of ``module`` that is one of MindSpore's originals."""
+        namespace = getattr(module, "__dict__", None)
+        if not isinstance(namespace, dict):
+            return
+        modname = getattr(module, "__name__", "")
+        for name, ours in self.ours.items():
+            value = namespace.get(name, _MISSING)
+            if value is _MISSING or value is ours:
+                if value is ours and newly_imported:
+                    # Imported our object while active (e.g. `from mindspore.nn import Lamb` inside a
+                    # module loaded now): undo must hand it MindSpore's object, as without use().
+                    self.records.append((module, name, self.originals[name][0] if self.originals[name]
+                                         else _MISSING))
+                continue
+            defined_here = (newly_imported and modname.startswith(_DEFINING_PREFIXES)
+                            and getattr(value, "__module__", None) == modname
+                            and getattr(value, "__name__", None) == name)
+            if defined_here:
+                self._add_original(name, value)
+            if any(value is known for known in self.originals[name]):
+                self._set(module, name, ours)
+
+    def patch_all_loaded(self) -> None:
+        for modname, module in list(sys.modules.items()):
+            if _is_mindspore_module(modname) and isinstance(module, ModuleType):
+                self.patch_module(module)
+        train_thor = sys.modules.get("mindspore.train.train_thor")
+        if train_thor is not None and train_thor.__dict__.get("ModelThor", _MISSING) is not self.ours["ModelThor"]:
+            self._set(train_thor, "ModelThor", self.ours["ModelThor"])
+
+    def install_hook(self) -> None:
+        self.hook = _PatchFinder(self)
+        sys.meta_path.insert(0, self.hook)
+
+    def undo(self) -> None:
+        if self.hook is not None:
+            try:
+                sys.meta_path.remove(self.hook)
+            except ValueError:
+                pass
+            self.hook.session = None
+            self.hook = None
+        for module, name, previous in reversed(self.records):
+            if previous is _MISSING:
+                module.__dict__.pop(name, None)
+            else:
+                setattr(module, name, previous)
+        self.records.clear()
+
+    # -- reporting -------------------------------------------------------------------------------
+    def summary(self) -> str:
+        by_module: Dict[str, List[str]] = {}
+        for module, name, _ in self.records:
+            modname = module.__name__
+            names = by_module.setdefault(modname, [])
+            if name not in names:
+                names.append(name)
+        public = [f"{m}.{{{', '.join(by_module[m])}}}" for m in _PUBLIC_MODULES if m in by_module]
+        others = len(self.records) - sum(len(by_module[m]) for m in _PUBLIC_MODULES if m in by_module)
+        text = "ms_optim.use(): " + ", ".join(public) + " now point at ms_optim"
+        if others:
+            text += f" (and {others} more references inside mindspore.*)"
+        return text + "; ms_optim.undo_use() restores MindSpore's."
+
+
+class _PatchingLoader(importlib.abc.Loader):
+    """Runs the real loader, then patches the fresh module; leaves the real loader on the module."""
+
+    def __init__(self, inner: importlib.abc.Loader, finder: "_PatchFinder"):
+        self.inner = inner
+        self.finder = finder
+
+    def create_module(self, spec):
+        return self.inner.create_module(spec)
+
+    def exec_module(self, module: ModuleType) -> None:
+        # The module keeps the real loader (get_source, resources, reload), as without the hook.
+        if getattr(module, "__spec__", None) is not None:
+            module.__spec__.loader = self.inner
+        module.__loader__ = self.inner
+        self.inner.exec_module(module)
+        session = self.finder.session
+        if session is not None:
+            with _lock:
+                session.patch_module(module, newly_imported=True)
+
+
+class _PatchFinder(importlib.abc.MetaPathFinder):
+    """Meta-path hook active during use(): wraps the loader of every ``mindspore.*`` import."""
+
+    def __init__(self, session: _Session):
+        self.session: Optional[_Session] = session
+        self._busy = threading.local()
+
+    def find_spec(self, fullname, path, target=None):
+        if self.session is None or not _is_mindspore_module(fullname) or getattr(self._busy, "on", False):
+            return None
+        self._busy.on = True
+        try:
+            spec = None
+            for finder in sys.meta_path:
+                if finder is self or not hasattr(finder, "find_spec"):
+                    continue
+                spec = finder.find_spec(fullname, path, target)
+                if spec is not None:
+                    break
+        finally:
+            self._busy.on = False
+        if spec is None or spec.loader is None or not hasattr(spec.loader, "exec_module"):
+            return spec
+        spec.loader = _PatchingLoader(spec.loader, self)
+        return spec
+
+
+class UsePatch:
+    """Handle returned by :func:`use`; ``undo()`` or leaving a ``with`` block ends this activation."""
+
+    def __init__(self) -> None:
+        self._done = False
+
+    def undo(self) -> None:
+        """End this activation; MindSpore's names come back when the last activation ends."""
+        global _active
+        with _lock:
+            if self._done:
+                return
+            self._done = True
+            if _active is None:
+                return
+            _active.depth -= 1
+            if _active.depth == 0:
+                _active.undo()
+                _active = None
+
+    def __enter__(self) -> "UsePatch":
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        self.undo()
+
+
+def use(verbose: bool = True) -> UsePatch:
+    """Point MindSpore's THOR, Lamb, LARS and ASGD names at ms_optim's implementations.
+
+    Replaces ``mindspore.nn.{thor, Lamb, LARS, ASGD, DenseThor, Conv2dThor, EmbeddingThor}``,
+    ``mindspore.{ConvertModelUtils, ConvertNetUtils}``, ``mindspore.train.{ConvertModelUtils,
+    ConvertNetUtils}`` and ``mindspore.train.train_thor.{ConvertModelUtils, ConvertNetUtils, ModelThor}``
+    (and every other reference to those objects inside ``mindspore.*``, including modules imported
+    later). Prints one line saying what it replaced (to stderr, unless ``verbose=False``).
+
+    Use as a function (``patch = ms_optim.use(); ...; patch.undo()``) or as a context manager
+    (``with ms_optim.use(): ...``). Calls nest: MindSpore's names come back when the outermost
+    activation ends, or at once with :func:`undo_use`.
+
+    Raises:
+        TypeError: if ``verbose`` is not a bool.
+        ImportError: if one of ms_optim's implementations cannot be imported (nothing is patched).
+    """
+    from ms_optim._validation import check_bool
+
+    global _active
+    check_bool("verbose", verbose, "use")
+    with _lock:
+        if _active is not None:
+            _active.depth += 1
+            return UsePatch()
+        session = _Session(_ours())
+        session.collect_originals()
+        try:
+            session.patch_all_loaded()
+            session.install_hook()
+        except BaseException:
+            session.undo()
+            raise
+        _active = session
+        if verbose:
+            print(session.summary(), file=sys.stderr, flush=True)
+        return UsePatch()
+
+
+def undo_use() -> bool:
+    """Restore MindSpore's names now, whatever the nesting depth; returns whether anything was active."""
+    global _active
+    with _lock:
+        if _active is None:
+            return False
+        _active.undo()
+        _active = None
+        return True
+
+
+def is_active() -> bool:
+    """Whether MindSpore's names currently point at ms_optim's."""
+    return _active is not None

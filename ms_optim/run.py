@@ -1,0 +1,118 @@
+"""Run an unmodified MindSpore script with ms_optim's THOR, Lamb, LARS and ASGD in place of MindSpore's.
+
+Usage::
+
+    python -m ms_optim.run SCRIPT.py [SCRIPT ARGS...]
+    python -m ms_optim.run -m PACKAGE.MODULE [MODULE ARGS...]
+
+The script runs exactly as ``python SCRIPT.py ARGS...`` would run it (``__name__ == "__main__"``,
+``sys.argv[0]`` the script path and the rest its own arguments, the script's folder first on
+``sys.path``, its exit status returned), except that ``ms_optim.use()`` is active: the MindSpore names
+``mindspore.nn.thor``, ``nn.Lamb``, ``nn.LARS``, ``nn.ASGD``, ``nn.DenseThor``/``Conv2dThor``/
+``EmbeddingThor``, ``mindspore.ConvertModelUtils``, ``mindspore.train.ConvertModelUtils`` and
+``mindspore.train.train_thor.*`` point at ms_optim's implementations. One line on stderr says what was
+replaced.
+"""
+from __future__ import annotations
+
+import os
+import runpy
+import sys
+from typing import List, Optional, Sequence
+
+__all__ = ["main"]
+
+USAGE = """\
+usage: python -m ms_optim.run [-h] SCRIPT [ARGS ...]
+       python -m ms_optim.run [-h] -m MODULE [ARGS ...]
+
+Run a MindSpore training script unmodified, with MindSpore's THOR, Lamb, LARS and ASGD
+(mindspore.nn.thor, nn.Lamb, nn.LARS, nn.ASGD, nn.DenseThor, nn.Conv2dThor, nn.EmbeddingThor,
+mindspore.ConvertModelUtils, mindspore.train.ConvertModelUtils, mindspore.train.train_thor.*)
+replaced by ms_optim's, which also run on CPU.
+
+positional arguments:
+  SCRIPT       path of the Python script to run as __main__
+  ARGS         passed to the script unchanged (sys.argv[1:]), including options like --help
+
+options:
+  -h, --help   show this message and exit (only when given before SCRIPT)
+  -m MODULE    run a module as `python -m MODULE` would, instead of a script file
+
+The exit status is the script's. In your own code, `ms_optim.use()` does the same
+(`with ms_optim.use(): ...`, or `ms_optim.undo_use()` to restore MindSpore's names).
+"""
+
+
+def _parse(argv: Sequence[str]):
+    """Split ms_optim.run's own options from the target and its arguments."""
+    argv = list(argv)
+    if not argv or argv[0] in ("-h", "--help"):
+        return "help", None, []
+    if argv[0] == "-m":
+        if len(argv) < 2:
+            raise SystemExit("ms_optim.run: error: argument -m: expected a module name\n" + USAGE)
+        return "module", argv[1], argv[2:]
+    if argv[0].startswith("-m") and len(argv[0]) > 2:
+        return "module", argv[0][2:], argv[1:]
+    if argv[0].startswith("-") and argv[0] != "-":
+        raise SystemExit(f"ms_optim.run: error: unknown option {argv[0]!r} (options go before SCRIPT)\n"
+                         + USAGE)
+    return "script", argv[0], argv[1:]
+
+
+def _set_path0(folder: str, package_root: str) -> None:
+    """Make ``folder`` sys.path[0], as Python does for the script it runs."""
+    if sys.path:
+        sys.path[0] = folder
+    else:
+        sys.path.insert(0, folder)
+    if not any(os.path.abspath(p or os.curdir) == package_root for p in sys.path):
+        sys.path.append(package_root)
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    """Entry point of ``python -m ms_optim.run``; returns the process exit status."""
+    kind, target, args = _parse(sys.argv[1:] if argv is None else argv)
+    if kind == "help":
+        sys.stdout.write(USAGE)
+        return 0
+    if kind == "script" and not os.path.exists(target):
+        sys.stderr.write(f"ms_optim.run: error: can't open file {target!r}: no such file\n")
+        return 2
+
+    import ms_optim
+
+    patch = ms_optim.use()
+    saved_argv, saved_path = sys.argv[:], sys.path[:]
+    # ms_optim imports some of its modules lazily: if it was found only through the folder that is
+    # about to give way to the script's, keep that folder reachable (last, so the script's win).
+    package_root = os.path.dirname(os.path.dirname(os.path.abspath(ms_optim.__file__)))
+    try:
+        if kind == "script":
+            sys.argv = [target] + list(args)
+            # As `python SCRIPT`: the script's own folder is first on sys.path (not ours).
+            script_dir = os.path.dirname(os.path.abspath(target))
+            _set_path0(script_dir, package_root)
+            runpy.run_path(target, run_name="__main__")
+        else:
+            sys.argv = [target] + list(args)  # runpy replaces argv[0] by the module's file
+            _set_path0(os.getcwd(), package_root)
+            runpy.run_module(target, run_name="__main__", alter_sys=True)
+    except SystemExit as exc:
+        code = exc.code
+        if code is None:
+            return 0
+        if isinstance(code, int):
+            return code
+        sys.stderr.write(f"{code}\n")
+        return 1
+    finally:
+        sys.argv = saved_argv
+        sys.path[:] = saved_path
+        patch.undo()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
