@@ -1,0 +1,284 @@
+"""The THOR training Model: a ``mindspore.train.Model`` whose dataset-sink loop works on every backend.
+
+``ModelThor`` trains any network/optimizer pair (it is tested with ``nn.Momentum`` as well as with
+THOR); what makes it the THOR model is that its dataset-sink loop is implemented here, on the host,
+identically on CPU, GPU and Ascend:
+
+* ``dataset_sink_mode=True``: every epoch runs ``sink_size`` training steps (the whole dataset when
+  ``sink_size == -1``), reading the dataset as one continuous stream (an epoch that ends in the
+  middle of the data set is continued by the next one). Callbacks see MindSpore's sink semantics:
+  ``step_begin``/``step_end`` once per sink, ``cur_step_num`` advancing by ``sink_size``,
+  ``cur_epoch_num`` the epoch, ``net_outputs`` the output of the sink's last step, ``batch_num ==
+  sink_size``. (MindSpore's ``Model`` silently falls back to step-by-step training on CPU.)
+* ``dataset_sink_mode=False``: MindSpore's step-by-step loop (``step_end`` after every step).
+
+The THOR schedule (THOR steps 0, f, 2f, ...) is owned by the optimizer's ``global_step`` and the
+layers' ``thor_flag`` (see ``ms_optim.thor``), so both loops, any ``sink_size``, and plain
+``TrainOneStepCell`` training give the same trajectory; the Model toggles nothing.
+
+The training cell is built as MindSpore's ``Model`` builds it (``amp_level`` O0/O1/O2/O3/auto,
+``keep_batchnorm_fp32``, loss wrapping), with one portable difference in loss scaling:
+
+* no manager: ``TrainOneStepCell`` (sens 1);
+* ``FixedLossScaleManager(s, drop_overflow_update=False)``: ``TrainOneStepCell`` with ``sens = s``;
+  the gradients reach the optimizer multiplied by ``s`` (THOR's ``loss_scale`` divides it out);
+* ``DynamicLossScaleManager`` or ``FixedLossScaleManager(drop_overflow_update=True)``: a
+  ``TrainOneStepWithLossScaleCell`` whose overflow test is written with ``ops.isfinite`` (all-reduced
+  over data-parallel ranks), so it also runs on CPU, where MindSpore's own cell needs an Ascend-only
+  status op. Gradients are unscaled before the optimizer and an overflowing step is skipped.
+
+``ConvertModelUtils.convert_to_thor_model`` turns a ``Model`` built for an ms_optim THOR optimizer
+into a ``ModelThor``; for any other optimizer it returns the model unchanged.
+"""
+from __future__ import annotations
+
+import math
+from typing import Any, Iterator, Optional, Tuple
+
+import numpy as np
+from mindspore import context, nn, ops
+from mindspore import dtype as mstype
+from mindspore.train import amp
+from mindspore.train.callback import RunContext
+from mindspore.train.model import Model
+
+__all__ = ["ModelThor", "ConvertModelUtils"]
+
+
+_all_finite = ops.MultitypeFuncGraph("_all_finite")
+
+
+@_all_finite.register("Tensor")
+def _tensor_all_finite(grad):
+    """True when every element of ``grad`` is finite."""
+    return ops.isfinite(grad).all()
+
+
+class _PortableLossScaleCell(nn.TrainOneStepWithLossScaleCell):
+    """``TrainOneStepWithLossScaleCell`` with an overflow test made of portable ops.
+
+    overflow = not all(isfinite(g) for g in grads), OR-ed over data-parallel ranks (AllReduce of
+    the 0/1 flag), then handed to the loss-scale update cell exactly as in MindSpore's cell: the
+    optimizer runs only when there is no overflow.
+    """
+
+    def get_overflow_status(self, status, compute_output):
+        flags = self.hyper_map(_all_finite, compute_output)
+        finite = ops.stack(flags).all()
+        overflow = ops.logical_not(finite)
+        if self.is_distributed:
+            count = self.allreduce(ops.cast(overflow, mstype.float32).reshape((1,)))
+            overflow = (count > 0.0).reshape(())
+        return overflow
+
+
+def _is_thor_optimizer(optimizer: Any) -> bool:
+    """isinstance check against ms_optim's THOR optimizer class (imported lazily)."""
+    if optimizer is None or isinstance(optimizer, (int, float, str)):
+        return False
+    from ms_optim.thor.optimizer import ThorOptimizer  # local: optimizer.py imports heavier modules
+
+    return isinstance(optimizer, ThorOptimizer)
+
+
+def _resolve_amp_level(level: str) -> str:
+    """``auto`` means O2 on GPU, O3 on Ascend, O0 elsewhere (MindSpore's recommendation)."""
+    if level != "auto":
+        return level
+    target = context.get_context("device_target")
+    return {"GPU": "O2", "Ascend": "O3"}.get(target, "O0")
+
+
+def _cycle(dataset, num_epochs: int) -> Iterator[Tuple]:
+    """Yield the dataset's rows as one stream over ``num_epochs`` dataset epochs."""
+    iterator = dataset.create_tuple_iterator(num_epochs=num_epochs, do_copy=True)
+    for _ in range(num_epochs):
+        for row in iterator:
+            yield tuple(row)
+
+
+class ModelThor(Model):
+    """MindSpore's ``Model`` with a host-side dataset-sink loop that runs on every backend.
+
+    Args (as ``mindspore.train.Model``):
+        network (Cell): the network (or a ready training cell when ``optimizer`` is None).
+        loss_fn (Cell): the loss; None when ``network`` computes it. Default: None.
+        optimizer (Cell): the optimizer (usually ``ms_optim.nn.thor``). Default: None.
+        metrics (Union[dict, set]): evaluation metrics. Default: None.
+        eval_network (Cell): evaluation network. Default: None.
+        eval_indexes (list): positions of loss, prediction and label in ``eval_network``'s outputs.
+        amp_level (str): "O0", "O1", "O2", "O3" or "auto" (see ``mindspore.amp``). Default: "O0".
+        **kwargs: ``loss_scale_manager`` and ``keep_batchnorm_fp32`` (as ``Model``).
+
+    ``frequency`` is the THOR optimizer's frequency (None for other optimizers).
+    """
+
+    def __init__(self, network, loss_fn=None, optimizer=None, metrics=None, eval_network=None,
+                 eval_indexes=None, amp_level="O0", **kwargs):
+        self._sink_request: Optional[int] = None
+        super().__init__(network, loss_fn, optimizer, metrics, eval_network, eval_indexes, amp_level, **kwargs)
+        opt = optimizer
+        if opt is None and isinstance(network, nn.TrainOneStepCell):
+            opt = network.optimizer
+        get_frequency = getattr(opt, "get_frequency", None)
+        self.frequency: Optional[int] = int(get_frequency()) if callable(get_frequency) else None
+
+    # ------------------------------------------------------------------ building the training cell
+    def _loss_scale_manager_for(self, level: str):
+        if self._loss_scale_manager_set:
+            return self._loss_scale_manager
+        if level == "O2":  # MindSpore's O2 default
+            return amp.DynamicLossScaleManager()
+        return None
+
+    def _build_train_network(self):
+        """Build the training cell as ``Model`` does, with a loss-scale cell that runs everywhere."""
+        if self._optimizer is None:
+            return super()._build_train_network()
+        level = _resolve_amp_level(self._amp_level)
+        amp_config = {"loss_scale_manager": None}
+        if self._keep_bn_fp32 is not None:
+            amp_config["keep_batchnorm_fp32"] = self._keep_bn_fp32
+        # MindSpore's own builder applies the precision level and wraps the loss; we keep only its
+        # loss network and choose the step cell ourselves.
+        plain = amp.build_train_network(self._network, self._optimizer, self._loss_fn, level=level, **amp_config)
+        loss_network = plain.network
+        manager = self._loss_scale_manager_for(level)
+        if manager is None:
+            return nn.TrainOneStepCell(loss_network, self._optimizer).set_train()
+        update_cell = manager.get_update_cell()
+        if update_cell is None:
+            return nn.TrainOneStepCell(loss_network, self._optimizer, float(manager.get_loss_scale())).set_train()
+        return _PortableLossScaleCell(loss_network, self._optimizer, scale_sense=update_cell).set_train()
+
+    # ------------------------------------------------------------------ training loops
+    def _train(self, epoch, train_dataset, callbacks=None, dataset_sink_mode=True, sink_size=-1,
+               initial_epoch=0, **kwargs):
+        """Route sink-mode training to this class's own sink loop on every backend."""
+        if dataset_sink_mode:
+            self._sink_request = sink_size if sink_size > 0 else train_dataset.get_dataset_size()
+        else:
+            self._sink_request = None
+        try:
+            return super()._train(epoch, train_dataset, callbacks=callbacks, dataset_sink_mode=dataset_sink_mode,
+                                  sink_size=sink_size, initial_epoch=initial_epoch, **kwargs)
+        finally:
+            self._sink_request = None
+
+    def _train_process(self, epoch, train_dataset, list_callback=None, cb_params=None, initial_epoch=0,
+                       valid_infos=None, **kwargs):
+        # MindSpore calls this for non-sink training, and for sink training on CPU.
+        if self._sink_request is not None:
+            return self._thor_sink_process(epoch, train_dataset, list_callback, cb_params, self._sink_request,
+                                           initial_epoch, valid_infos)
+        return super()._train_process(epoch, train_dataset, list_callback, cb_params, initial_epoch,
+                                      valid_infos, **kwargs)
+
+    def _train_dataset_sink_process(self, epoch, train_dataset, list_callback=None, cb_params=None,
+                                    sink_size=-1, initial_epoch=0, valid_infos=None, **kwargs):
+        # MindSpore calls this for sink training on GPU/Ascend: use the same loop there.
+        if sink_size is None or sink_size <= 0:
+            sink_size = train_dataset.get_dataset_size()
+        return self._thor_sink_process(epoch, train_dataset, list_callback, cb_params, sink_size,
+                                       initial_epoch, valid_infos)
+
+    def _after_step(self, outputs) -> None:
+        """Host-side loss-scale bookkeeping, as MindSpore's step-by-step loop does it."""
+        manager = self._loss_scale_manager
+        if manager is not None and manager.get_drop_overflow_update() and isinstance(outputs, (tuple, list)):
+            manager.update_loss_scale(bool(np.all(outputs[1].asnumpy())))
+
+    def _thor_sink_process(self, epoch, train_dataset, list_callback, cb_params, sink_size, initial_epoch,
+                           valid_infos):
+        """Sink loop: ``epoch - initial_epoch`` sinks of ``sink_size`` steps over one data stream."""
+        dataset_size = train_dataset.get_dataset_size()
+        num_sinks = epoch - initial_epoch
+        data_epochs = max(1, math.ceil(num_sinks * sink_size / dataset_size))
+        cb_params.sink_size = sink_size
+        cb_params.batch_num = sink_size
+        cb_params.dataset_sink_mode = True
+        run_context = RunContext(cb_params)
+        list_callback.on_train_begin(run_context)
+        stream = _cycle(train_dataset, data_epochs)
+        network = self._train_network
+        network.set_train(True)
+        network.phase = "train"
+        self._backbone_is_train = True
+        cb_params.train_network = network
+        self.epoch_iter = 0
+        for i in range(initial_epoch, epoch):
+            cb_params.cur_epoch_num = i + 1
+            self._current_epoch_num = cb_params.cur_epoch_num
+            self._current_step_num = 0
+            list_callback.on_train_epoch_begin(run_context)
+            cb_params.cur_step_num += sink_size
+            self._current_step_num = sink_size
+            list_callback.on_train_step_begin(run_context)
+            outputs = None
+            for _ in range(sink_size):
+                inputs = next(stream)
+                if self._loss_fn is not None and len(inputs) != 2:
+                    raise ValueError("When 'loss_fn' is not None, 'train_dataset' should return two elements, "
+                                     f"but got {len(inputs)}.")
+                cb_params.train_dataset_element = inputs
+                network = self._check_network_mode(network, True)
+                outputs = network(*inputs)
+                self._after_step(outputs)
+            cb_params.net_outputs = outputs
+            list_callback.on_train_step_end(run_context)
+            self._eval_during_train(valid_infos, cb_params, list_callback)
+            list_callback.on_train_epoch_end(run_context)
+            cb_params.pop("metrics", None)
+            cb_params.pop("eval_results", None)
+            self.epoch_iter += 1
+            if run_context.get_stop_requested():
+                break
+        stream.close()
+        list_callback.on_train_end(run_context)
+
+
+def _user_eval_network(model: Any):
+    """The evaluation network a user gave ``model`` (None when Model built it from network+loss)."""
+    eval_net = getattr(model, "_eval_network", None)
+    if eval_net is None:
+        return None, None
+    if isinstance(eval_net, nn.WithEvalCell) and getattr(eval_net, "_network", None) is getattr(model, "_network", None):
+        return None, None
+    return eval_net, getattr(model, "_eval_indexes", None)
+
+
+class ConvertModelUtils:
+    """Convert a ``Model`` to the THOR model when its optimizer is ms_optim's THOR optimizer."""
+
+    @staticmethod
+    def convert_to_thor_model(model, network, loss_fn=None, optimizer=None, metrics=None, amp_level="O0",
+                              loss_scale_manager=None, keep_batchnorm_fp32=False):
+        """Return a ``ModelThor`` built from these arguments when ``optimizer`` is an ms_optim THOR
+        optimizer (or ``network`` is a ``TrainOneStepCell`` around one), else ``model`` unchanged.
+
+        Args:
+            model (Model): the model to convert (returned as is for other optimizers). An evaluation
+                network the user passed to it is carried over.
+            network (Cell): the network (or a ``TrainOneStepCell``).
+            loss_fn (Cell): the loss. Default: None.
+            optimizer (Cell): the optimizer. Default: None.
+            metrics (Union[dict, set]): evaluation metrics. Default: None.
+            amp_level (str): "O0", "O2", "O3" (or "O1"/"auto"). Default: "O0".
+            loss_scale_manager (LossScaleManager): None, ``FixedLossScaleManager`` or
+                ``DynamicLossScaleManager``. Default: None.
+            keep_batchnorm_fp32 (bool): keep BatchNorm in float32 under O2/O3. Default: False.
+
+        Returns:
+            Model: a ``ModelThor`` or ``model``.
+        """
+        if isinstance(network, nn.TrainOneStepCell) and _is_thor_optimizer(network.optimizer):
+            eval_net, eval_indexes = _user_eval_network(model)
+            if eval_net is None:  # a training cell alone has no loss to build an evaluation network from
+                return ModelThor(network=network)
+            return ModelThor(network=network, metrics=metrics, eval_network=eval_net, eval_indexes=eval_indexes)
+        if not _is_thor_optimizer(optimizer):
+            return model
+        eval_net, eval_indexes = _user_eval_network(model)
+        return ModelThor(network=network, loss_fn=loss_fn, optimizer=optimizer, metrics=metrics,
+                         eval_network=eval_net, eval_indexes=eval_indexes, amp_level=amp_level,
+                         loss_scale_manager=loss_scale_manager, keep_batchnorm_fp32=keep_batchnorm_fp32)
