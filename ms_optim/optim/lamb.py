@@ -1,0 +1,145 @@
+"""Lamb: layer-wise adaptive moments (You et al., 2019), written from ``mindspore.ops``.
+
+Runs on CPU, GPU and Ascend (MindSpore's own class needs a fused kernel that exists only on GPU/Ascend).
+"""
+from __future__ import annotations
+
+from typing import List, Union
+
+import mindspore as ms
+from mindspore import Parameter, Tensor, jit, nn, ops
+from mindspore.ops import composite as C
+from mindspore.ops import functional as F
+
+from ms_optim import _validation as V
+from ms_optim.optim._trust_ratio import l2_norm, trust_ratio
+
+__all__ = ["Lamb"]
+
+_lamb_step = C.MultitypeFuncGraph("ms_optim_lamb_step")
+
+
+@_lamb_step.register("Tensor", "Tensor", "Tensor", "Tensor", "Tensor", "Tensor", "Tensor", "Bool",
+                     "Tensor", "Tensor", "Tensor", "Tensor")
+def _lamb_step_tensor(beta1, beta2, eps, bias1, bias2, lr, weight_decay, decay_flag, weight, m, v, gradient):
+    """One Lamb step for one parameter (composite ops); returns True after the three assignments."""
+    dtype = F.dtype(weight)
+    w = F.cast(weight, ms.float32)
+    g = F.cast(gradient, ms.float32)
+    m_new = beta1 * F.cast(m, ms.float32) + (1.0 - beta1) * g
+    v_new = beta2 * F.cast(v, ms.float32) + (1.0 - beta2) * (g * g)
+    r = (m_new / bias1) / (ops.sqrt(v_new / bias2) + eps)
+    if decay_flag:
+        r = r + weight_decay * w
+    ratio = trust_ratio(l2_norm(w), l2_norm(r))
+    w_new = w - (lr * ratio) * r
+    m_new = F.depend(m_new, F.assign(m, F.cast(m_new, F.dtype(m))))
+    v_new = F.depend(v_new, F.assign(v, F.cast(v_new, F.dtype(v))))
+    return F.depend(True, F.assign(weight, F.cast(w_new, dtype)))
+
+
+class Lamb(nn.Optimizer):
+    r"""Lamb optimizer (Layer-wise Adaptive Moments for Batch training), on every MindSpore backend.
+
+    For each parameter :math:`w` with gradient :math:`g`, at step :math:`t = 1, 2, \dots`:
+
+    .. math::
+        m &\leftarrow \beta_1 m + (1 - \beta_1) g \\
+        v &\leftarrow \beta_2 v + (1 - \beta_2) g^2 \\
+        r &= \frac{m / (1 - \beta_1^t)}{\sqrt{v / (1 - \beta_2^t)} + \epsilon} + \lambda w \\
+        w &\leftarrow w - \eta \, \rho \, r, \qquad
+        \rho = \begin{cases} \|w\| / \|r\| & \|w\| > 0 \text{ and } \|r\| > 0 \\
+                             1 & \text{otherwise} \end{cases}
+
+    with :math:`\eta` the learning rate of the step and :math:`\lambda` the weight decay of the
+    parameter (0 for parameters the decay filter excludes); the ratio is not clamped. The norms
+    are taken over the whole parameter tensor (layer-wise). The trust ratio is
+    :func:`ms_optim.optim._trust_ratio.trust_ratio`, shared with ``ms_optim.nn.LARS``.
+
+    State: ``lamb_m.<param name>`` (:math:`m`) and ``lamb_v.<param name>`` (:math:`v`), zeros at
+    start, and ``global_step`` (steps taken), the same names as MindSpore's Lamb so checkpoints move
+    between the two libraries.
+
+    Args:
+        params (Union[list[Parameter], list[dict]]): the parameters to train, or parameter groups:
+            dicts with ``"params"`` (required), ``"lr"``, ``"weight_decay"``, ``"grad_centralization"``,
+            or a single ``{"order_params": ...}`` dict fixing the order. Without groups, weight decay
+            skips parameters whose name contains ``beta`` or ``gamma``.
+        learning_rate (Union[float, int, Tensor, Iterable, LearningRateSchedule]): a fixed value
+            (>= 0; float, int or 0-D Tensor), or a dynamic one (1-D Tensor or list: entry ``i`` at step
+            ``i``; or a ``LearningRateSchedule`` called with the step).
+        beta1 (float): decay rate of the first moment, in (0, 1). Default: ``0.9``.
+        beta2 (float): decay rate of the second moment, in (0, 1). Default: ``0.999``.
+        eps (float): added to the denominator, > 0. Default: ``1e-6``.
+        weight_decay (Union[float, int, Cell]): :math:`\lambda`, >= 0, or a Cell returning it for the
+            step. Default: ``0.0``.
+
+    Inputs:
+        - **gradients** (tuple[Tensor]) - gradients of ``params``, same shapes.
+
+    Outputs:
+        tuple[bool]: all ``True``.
+
+    Raises:
+        TypeError: ``beta1``, ``beta2`` or ``eps`` is not a float.
+        ValueError: ``beta1`` or ``beta2`` is not in (0, 1), or ``eps`` is not > 0.
+        TypeError: ``weight_decay`` is not an int, float or Cell.
+        ValueError: ``weight_decay`` is negative.
+        TypeError: ``learning_rate`` is not one of the types above, or an element of ``params`` is
+            neither a Parameter nor a dict.
+
+    Examples:
+        >>> import mindspore as ms
+        >>> from ms_optim import nn
+        >>> net = nn.Dense(4, 2)
+        >>> opt = nn.Lamb(net.trainable_params(), learning_rate=0.01, weight_decay=1e-4)
+        >>> grads = tuple(ms.ops.ones_like(p) for p in net.trainable_params())
+        >>> _ = opt(grads)
+        >>> [p.name for p in opt.moments1]
+        ['lamb_m.weight', 'lamb_m.bias']
+    """
+
+    _support_parallel_optimizer = False
+
+    def __init__(self, params: Union[List[Parameter], List[dict]],
+                 learning_rate: Union[float, int, Tensor, list, nn.LearningRateSchedule],
+                 beta1: float = 0.9, beta2: float = 0.999, eps: float = 1e-6,
+                 weight_decay: Union[float, int, nn.Cell] = 0.0) -> None:
+        cls = "Lamb"
+        V.check_float("beta1", beta1, cls)
+        V.check_float("beta2", beta2, cls)
+        V.check_float("eps", eps, cls)
+        V.check_range("beta1", beta1, 0.0, 1.0, False, False, cls)
+        V.check_range("beta2", beta2, 0.0, 1.0, False, False, cls)
+        V.check_positive("eps", eps, cls)
+        V.check_type("weight_decay", weight_decay, (int, float, nn.Cell), cls, what="an int, a float or a Cell")
+        if not isinstance(weight_decay, nn.Cell):
+            V.check_non_negative("weight_decay", weight_decay, cls)
+        super().__init__(learning_rate, params, weight_decay)
+        self.beta1 = Tensor(beta1, ms.float32)
+        self.beta2 = Tensor(beta2, ms.float32)
+        self.eps = Tensor(eps, ms.float32)
+        self.params = self._parameters
+        self.moments1 = self.params.clone(prefix="lamb_m", init="zeros")
+        self.moments2 = self.params.clone(prefix="lamb_v", init="zeros")
+
+    def _per_param(self, value, grouped: bool):
+        """A tuple with one entry per parameter (``value`` itself if it already is one)."""
+        if grouped:
+            return value
+        return (value,) * self.param_length
+
+    @jit(backend="ms_backend")
+    def construct(self, gradients):
+        lr = self.get_lr()
+        weight_decay = self.get_weight_decay()
+        gradients = self.gradients_centralization(gradients)
+        gradients = self.scale_grad(gradients)
+        self.assignadd(self.global_step, self.global_step_increase_tensor)
+        t = F.reshape(F.cast(self.global_step, ms.float32), ())
+        bias1 = 1.0 - ops.pow(self.beta1, t)
+        bias2 = 1.0 - ops.pow(self.beta2, t)
+        lrs = self._per_param(lr, self.is_group_lr)
+        wds = self._per_param(weight_decay, self.is_group)
+        return self.hyper_map(F.partial(_lamb_step, self.beta1, self.beta2, self.eps, bias1, bias2),
+                              lrs, wds, self.decay_flags, self.params, self.moments1, self.moments2, gradients)
