@@ -1,0 +1,187 @@
+"""What every ms_optim optimizer needs on top of :class:`mindspore.nn.Optimizer`.
+
+``mindspore.nn.Optimizer`` already handles parameter groups (``params``/``lr``/``weight_decay``/
+``grad_centralization``/``order_params``), the learning-rate forms (float, int, 0-D/1-D Tensor,
+list, ``LearningRateSchedule``), ``get_lr``, ``decay_weight`` with the default ``beta``/``gamma``
+filter, ``scale_grad`` and ``global_step``. :class:`OptimizerBase` keeps all of that and adds only:
+
+1. Argument checks in ms_optim's message style (:mod:`ms_optim._validation`) for the three
+   arguments every optimizer shares: ``params`` (TypeError naming ``params``, not ``parameters``),
+   ``learning_rate`` and ``weight_decay``.
+2. A learning-rate list (or 1-D Tensor) that is shorter than the number of steps trained raises
+   ``ValueError`` naming ``learning_rate`` and the step, in PYNATIVE_MODE and GRAPH_MODE, instead of
+   MindSpore's ``Gather`` index error. The check is a ``raise`` under a tensor condition, which
+   MindSpore compiles to a runtime check in graph mode; the failing step changes nothing (no
+   parameter, state or ``global_step`` update). The list keeps MindSpore's Parameter name
+   (``learning_rate``, ``learning_rate_group_<i>``) so checkpoints still load in both libraries.
+3. Two helpers that remove the ``is_group`` / ``is_group_lr`` branches from every ``construct``:
+   :meth:`OptimizerBase.lr_per_param` and :meth:`OptimizerBase.weight_decay_per_param` give one
+   entry per parameter, in ``self._parameters`` order.
+"""
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any, List, Tuple
+
+import mindspore.common.dtype as mstype
+from mindspore import Parameter, Tensor, nn, ops
+from mindspore.nn.learning_rate_schedule import LearningRateSchedule
+
+from ms_optim import _validation as v
+
+try:  # MindSpore's own list schedule: subclassing it keeps `Optimizer.get_lr_parameter` working.
+    from mindspore.nn.optim.optimizer import _IteratorLearningRate as _ListScheduleBase
+except ImportError:  # pragma: no cover - only if MindSpore renames its private class
+    _ListScheduleBase = LearningRateSchedule
+
+__all__ = ["OptimizerBase", "check_params", "check_learning_rate", "check_weight_decay"]
+
+
+def check_params(params: Any, cls_name: str, name: str = "params") -> List[Any]:
+    """``params`` must be a non-empty iterable of Parameters or of group dicts; returns it as a list.
+
+    Raises:
+        TypeError: not iterable, or an element is neither a Parameter nor a dict (or a mix of both),
+            or a group's ``params`` holds a non-Parameter.
+        ValueError: empty.
+    """
+    if params is None or isinstance(params, (str, bytes, Tensor, dict)) or not isinstance(params, Iterable):
+        raise TypeError(f"For '{cls_name}', the argument '{name}' must be a list of Parameter or a list of dict, "
+                        f"but got {v.describe(params)}.")
+    params = list(params)
+    if not params:
+        raise ValueError(f"For '{cls_name}', the argument '{name}' must not be empty, but got [].")
+    all_params = all(isinstance(p, Parameter) for p in params)
+    all_dicts = all(isinstance(p, dict) for p in params)
+    if not (all_params or all_dicts):
+        bad = next(p for p in params if not isinstance(p, (Parameter, dict))) \
+            if any(not isinstance(p, (Parameter, dict)) for p in params) else params[0]
+        raise TypeError(f"For '{cls_name}', every element of the argument '{name}' must be a Parameter "
+                        f"(or every element a dict of parameter groups), but got {v.describe(bad)}.")
+    if all_dicts:
+        for group in params:
+            if "params" not in group:
+                continue  # an {'order_params': ...} entry, checked by mindspore.nn.Optimizer
+            members = group["params"]
+            if isinstance(members, (str, bytes, Tensor, dict)) or not isinstance(members, Iterable):
+                raise TypeError(f"For '{cls_name}', the value of 'params' in a group of the argument '{name}' "
+                                f"must be a list of Parameter, but got {v.describe(members)}.")
+            for member in members:
+                if not isinstance(member, Parameter):
+                    raise TypeError(f"For '{cls_name}', every element of 'params' in a group of the argument "
+                                    f"'{name}' must be a Parameter, but got {v.describe(member)}.")
+    return params
+
+
+def check_learning_rate(learning_rate: Any, cls_name: str, name: str = "learning_rate") -> Any:
+    """float/int >= 0, a 0-D or 1-D Tensor, a non-string iterable of numbers, or a LearningRateSchedule.
+
+    Raises:
+        TypeError: any other type (bool included).
+        ValueError: a negative number, or a Tensor with more than one dimension.
+    """
+    if isinstance(learning_rate, LearningRateSchedule):
+        return learning_rate
+    if isinstance(learning_rate, Tensor):
+        if learning_rate.ndim > 1:
+            raise ValueError(f"For '{cls_name}', the argument '{name}' must be a Tensor with ndim 0 or 1, "
+                             f"but got shape {tuple(learning_rate.shape)}.")
+        return learning_rate
+    if isinstance(learning_rate, (str, bytes, dict)) or isinstance(learning_rate, bool):
+        v.check_number(name, learning_rate, cls_name)  # raises TypeError with the common message
+    if isinstance(learning_rate, Iterable):
+        return learning_rate
+    v.check_number(name, learning_rate, cls_name)
+    v.check_non_negative(name, learning_rate, cls_name)
+    return learning_rate
+
+
+def check_weight_decay(weight_decay: Any, cls_name: str, name: str = "weight_decay") -> Any:
+    """float/int >= 0 or a Cell (dynamic weight decay, called with the global step).
+
+    Raises:
+        TypeError: any other type (bool included).
+        ValueError: a negative number.
+    """
+    if isinstance(weight_decay, nn.Cell):
+        return weight_decay
+    if not v._is_real(weight_decay):  # pylint: disable=protected-access
+        raise TypeError(f"For '{cls_name}', the argument '{name}' must be an int, a float or a Cell, "
+                        f"but got {v.describe(weight_decay)}.")
+    v.check_non_negative(name, weight_decay, cls_name)
+    return weight_decay
+
+
+class _CheckedListLearningRate(_ListScheduleBase):
+    """A per-step learning-rate list that raises a clear error past its end (both execution modes).
+
+    Holds the values in a Parameter named as MindSpore names it, so checkpoints are interchangeable.
+    """
+
+    def __init__(self, learning_rate: Tensor, name: str, cls_name: str) -> None:
+        super().__init__(learning_rate, name)  # stores Parameter `self.learning_rate` (and a Gather)
+        self.size = int(learning_rate.shape[0])
+        self.size_tensor = Tensor(self.size, mstype.int32)
+        self.owner = cls_name
+
+    def construct(self, global_step: Tensor) -> Tensor:
+        index = ops.reshape(global_step, ())
+        if index >= self.size_tensor:
+            raise ValueError(f"For '{self.owner}', the argument 'learning_rate' gives {self.size} values, one per "
+                             f"step, but step {index + 1} was requested: give at least as many learning rates as "
+                             f"steps trained, or use a LearningRateSchedule.")
+        return ops.gather(self.learning_rate, index, 0)
+
+
+class OptimizerBase(nn.Optimizer):
+    """Base class of ms_optim's optimizers (a :class:`mindspore.nn.Optimizer`, so a ``Cell``).
+
+    Subclasses call ``super().__init__(learning_rate, params, weight_decay)`` exactly as they would
+    call ``mindspore.nn.Optimizer``; argument errors then name ``params``, ``learning_rate`` and
+    ``weight_decay`` as the public signatures spell them.
+    """
+
+    def __init__(self, learning_rate: Any, parameters: Any, weight_decay: Any = 0.0, loss_scale: float = 1.0,
+                 params_name: str = "params") -> None:
+        cls_name = type(self).__name__
+        parameters = check_params(parameters, cls_name, params_name)
+        check_learning_rate(learning_rate, cls_name)
+        check_weight_decay(weight_decay, cls_name)
+        for group in parameters:
+            if isinstance(group, dict):
+                if "lr" in group:
+                    check_learning_rate(group["lr"], cls_name, name="lr")
+                if "weight_decay" in group:
+                    check_weight_decay(group["weight_decay"], cls_name)
+        super().__init__(learning_rate, parameters, weight_decay, loss_scale)
+        self._zero_decay = Tensor(0.0, mstype.float32)
+
+    # Called by mindspore.nn.Optimizer for the optimizer's and every group's learning rate.
+    def _build_single_lr(self, learning_rate: Any, name: str) -> Any:
+        if isinstance(learning_rate, Tensor) and learning_rate.ndim == 1:
+            return _CheckedListLearningRate(learning_rate, name, self.cls_name)
+        return super()._build_single_lr(learning_rate, name)
+
+    def lr_per_param(self, lrs: Any) -> Tuple[Tensor, ...]:
+        """``lrs`` from :meth:`get_lr` as one learning rate per parameter (grouped or not)."""
+        if self.is_group_lr:
+            return lrs
+        return (lrs,) * self.param_length
+
+    def weight_decay_per_param(self) -> Tuple[Tensor, ...]:
+        """The weight decay of every parameter for the current step, 0 where it must not decay.
+
+        Follows MindSpore's rules: without groups, parameters whose name contains ``beta`` or
+        ``gamma`` get 0; with groups, each group's own value (a number or a Cell called with the
+        global step). The values are for unscaled gradients (``loss_scale`` already divided out).
+        """
+        decay = self.get_weight_decay()
+        out = ()
+        for index in range(self.param_length):
+            wd = decay[index] if self.is_group else decay
+            if not self.decay_flags[index]:
+                wd = self._zero_decay
+            elif self.need_scale:
+                wd = wd * self.reciprocal_scale
+            out = out + (wd,)
+        return out
