@@ -1,23 +1,94 @@
-"""Data-parallel reduction of THOR factors (placeholder: identity until the distributed work lands).
+"""Data-parallel reduction of THOR's Kronecker factors.
 
 Interface used by the optimizer: ``FactorAllReduce(num_layers, split_indices)`` is a Cell whose
-``construct(factors)`` takes a tuple of per-layer factor tensors and returns a tuple of the same
-shapes, averaged over data-parallel ranks (identity on a single device).
+``construct(factors)`` takes a tuple of ``num_layers`` per-layer factor tensors (the optimizer calls
+it once for the A factors and once for the G factors) and returns a tuple of the same shapes,
+averaged over the data-parallel ranks:
+
+    F_l <- (1/R) * sum_r F_l^(r)          (R = number of ranks)
+
+Why the mean is the right reduction: with the per-device batch normalisation of the layers,
+A = a^T a / B and G = B * d^T d where d = dL/ds for the mean loss over the local batch of B samples
+(so d_i = g_i / B with g_i the per-sample output gradient, and G = (1/B) sum_i g_i g_i^T). Averaging
+over R ranks of equal local batches gives (1/(R*B)) sum over all R*B samples of a_i a_i^T (resp.
+g_i g_i^T): exactly the factors of one process that sees the concatenated batch, as the gradient
+mean of ``gradients_mean=True`` is exactly that process's gradient.
+
+Fusion: layers are split into consecutive groups at ``split_indices`` (MindSpore's meaning: each
+index is the *last* layer of a group, so ``[26, 53]`` on 54 layers gives layers 0..26 and 27..53,
+and ``[0]`` gives layer 0 alone and then all the others); the default ``None`` is one group. Every
+group gets its own ``AllReduce`` primitive with a distinct ``fusion`` attribute, so the backend
+fuses the reductions of a group into one communication.
+
+Outside data-parallel training (stand-alone, or a group of one device) the Cell is the identity and
+builds no communication ops.
 """
 from __future__ import annotations
 
-from typing import Optional, Sequence
+from typing import List, Optional, Sequence
 
-from mindspore import nn
+from mindspore import context, nn, ops
+
+__all__ = ["FactorAllReduce", "data_parallel_group_size", "fusion_groups"]
+
+_DATA_PARALLEL_MODES = ("data_parallel", "hybrid_parallel")
+
+
+def data_parallel_group_size() -> int:
+    """Number of data-parallel ranks: 1 unless the parallel mode is data (or hybrid) parallel."""
+    mode = context.get_auto_parallel_context("parallel_mode")
+    if mode not in _DATA_PARALLEL_MODES:
+        return 1
+    try:
+        from mindspore.communication import get_group_size
+
+        return int(get_group_size())
+    except (RuntimeError, ValueError):  # communication not initialised
+        return 1
+
+
+def fusion_groups(num_layers: int, split_indices: Optional[Sequence[int]] = None) -> List[int]:
+    """Group index of every layer: layer l is in group #{s in split_indices : s < l}."""
+    if split_indices is None:
+        return [0] * num_layers
+    splits = sorted(int(s) for s in split_indices)
+    return [sum(1 for s in splits if s < layer) for layer in range(num_layers)]
 
 
 class FactorAllReduce(nn.Cell):
-    """Mean all-reduce of a tuple of factor tensors, fused in groups split at ``split_indices``."""
+    """Mean all-reduce of a tuple of per-layer factor tensors, fused in groups split at ``split_indices``.
+
+    Args:
+        num_layers (int): number of THOR layers (length of the tuples passed to ``construct``).
+        split_indices (Optional[Sequence[int]]): last layer index of each fusion group; None: one group.
+
+    Inputs:
+        factors (tuple[Tensor]): one factor per layer.
+
+    Outputs:
+        tuple[Tensor]: the factors averaged over the data-parallel ranks (unchanged on one device).
+    """
 
     def __init__(self, num_layers: int, split_indices: Optional[Sequence[int]] = None):
         super().__init__()
-        self.num_layers = num_layers
+        self.num_layers = int(num_layers)
         self.split_indices = list(split_indices) if split_indices is not None else None
+        self.group_size = data_parallel_group_size()
+        self.is_distributed = self.group_size > 1
+        self.groups = fusion_groups(self.num_layers, self.split_indices)
+        if self.is_distributed:
+            ops_per_group = {}
+            for g in sorted(set(self.groups)):
+                op = ops.AllReduce(ops.ReduceOp.SUM)
+                op.add_prim_attr("fusion", g + 1)  # fusion id 0 means "not fused"
+                ops_per_group[g] = op
+            self.allreduces = [ops_per_group[g] for g in self.groups]
+            self.scale = 1.0 / self.group_size
 
     def construct(self, factors):
-        return factors
+        if not self.is_distributed:
+            return factors
+        out = ()
+        for i in range(self.num_layers):
+            out = out + (self.allreduces[i](factors[i]) * self.scale,)
+        return out

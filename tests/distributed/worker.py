@@ -1,0 +1,110 @@
+"""Worker for the data-parallel tests (run by ``msrun`` on 2 CPU ranks, or alone as the reference).
+
+Trains a small conv + dense network for a few steps on a fixed global batch. Under ``msrun`` each
+rank takes its half of the batch (data parallel, ``gradients_mean=True``, mccl backend); alone
+(``--single``) the process trains on the whole, concatenated batch. Writes the final parameters of
+every configuration to ``OUT/<tag>_rank<r>.npz`` (``OUT/<tag>_single.npz`` alone), plus a direct
+check of ``FactorAllReduce`` under ``msrun``.
+
+Usage: python worker.py --out DIR --optimizer {thor,momentum} [--single] [--steps N]
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+import numpy as np
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, ROOT)
+
+import mindspore as ms  # noqa: E402
+from mindspore import Tensor, nn  # noqa: E402
+
+GLOBAL_BATCH = 8
+CONFIGS = {"split0": [0], "default": None}  # split_indices per configuration
+
+
+class SmallNet(nn.Cell):
+    """conv(2->3, 3x3, pad 1, bias) -> ReLU -> flatten -> Dense(3*4*4 -> 5) -> ReLU -> Dense(5 -> 3)."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(2, 3, 3, pad_mode="pad", padding=1, has_bias=True, weight_init="normal")
+        self.relu = nn.ReLU()
+        self.flatten = nn.Flatten()
+        self.fc1 = nn.Dense(3 * 4 * 4, 5, weight_init="normal")
+        self.fc2 = nn.Dense(5, 3, weight_init="normal")
+
+    def construct(self, x):
+        x = self.flatten(self.relu(self.conv(x)))
+        return self.fc2(self.relu(self.fc1(x)))
+
+
+def global_batches(steps: int):
+    rng = np.random.default_rng(7)
+    xs = rng.normal(size=(steps, GLOBAL_BATCH, 2, 4, 4)).astype(np.float32)
+    ys = rng.integers(0, 3, size=(steps, GLOBAL_BATCH)).astype(np.int32)
+    return xs, ys
+
+
+def build(optimizer: str, split_indices, batch_size: int):
+    ms.set_seed(0)
+    net = SmallNet()
+    if optimizer == "thor":
+        from ms_optim.nn import thor
+
+        lr = Tensor(np.full((64,), 0.05, np.float32))
+        damping = Tensor(np.full((64,), 0.03, np.float32))
+        opt = thor(net, lr, damping, 0.9, weight_decay=1e-4, batch_size=batch_size,
+                   split_indices=split_indices, frequency=2)
+    else:
+        opt = nn.Momentum(net.trainable_params(), 0.05, 0.9)
+    loss = nn.SoftmaxCrossEntropyWithLogits(sparse=True, reduction="mean")
+    return net, nn.TrainOneStepCell(nn.WithLossCell(net, loss), opt)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", required=True)
+    parser.add_argument("--optimizer", choices=["thor", "momentum"], default="thor")
+    parser.add_argument("--single", action="store_true", help="one process on the concatenated batch")
+    parser.add_argument("--steps", type=int, default=5)
+    args = parser.parse_args()
+    ms.set_context(mode=ms.GRAPH_MODE, device_target="CPU")
+    rank, size = 0, 1
+    if not args.single:
+        from mindspore.communication import get_group_size, get_rank, init
+
+        init()
+        rank, size = get_rank(), get_group_size()
+        ms.set_auto_parallel_context(parallel_mode=ms.ParallelMode.DATA_PARALLEL, gradients_mean=True)
+    local = GLOBAL_BATCH // size
+    xs, ys = global_batches(args.steps)
+    for tag, split in CONFIGS.items():
+        net, train = build(args.optimizer, split, local)
+        losses = []
+        for s in range(args.steps):
+            x = xs[s, rank * local:(rank + 1) * local]
+            y = ys[s, rank * local:(rank + 1) * local]
+            losses.append(float(train(Tensor(x), Tensor(y)).asnumpy()))
+        params = {p.name: p.asnumpy() for p in net.get_parameters()}
+        params["__losses__"] = np.array(losses)
+        name = f"{tag}_single.npz" if args.single else f"{tag}_rank{rank}.npz"
+        np.savez(os.path.join(args.out, name), **params)
+    if not args.single:
+        from ms_optim.thor.parallel import FactorAllReduce
+
+        factors = tuple(Tensor(np.full((2, 2), (rank + 1) * (i + 1), np.float32)) for i in range(3))
+        for tag, split in CONFIGS.items():
+            cell = FactorAllReduce(3, split)
+            reduced = cell(factors)
+            fusion = np.array([op.attrs["fusion"] for op in cell.allreduces])
+            np.savez(os.path.join(args.out, f"allreduce_{tag}_rank{rank}.npz"),
+                     *[r.asnumpy() for r in reduced], fusion=fusion)
+    print(f"worker rank {rank}/{size} done")
+
+
+if __name__ == "__main__":
+    main()
