@@ -12,11 +12,27 @@ from mindspore.ops import composite as C
 from mindspore.ops import functional as F
 
 from ms_optim import _validation as V
+from ms_optim.optim._base import OptimizerBase
 from ms_optim.optim._trust_ratio import l2_norm, trust_ratio
 
 __all__ = ["Lamb"]
 
 _lamb_step = C.MultitypeFuncGraph("ms_optim_lamb_step")
+_centralize = C.MultitypeFuncGraph("ms_optim_centralize")
+_reduce_mean_keep = ops.ReduceMean(keep_dims=True)
+
+
+@_centralize.register("Bool", "Tensor")
+def _centralize_tensor(flag, gradient):
+    """Gradient centralization from plain ops (MindSpore's ``Centralization`` op has no CPU kernel):
+    for a tensor of rank > 1 whose second dimension is a multiple of 16, subtract its mean over all
+    axes but the first; other tensors are returned unchanged."""
+    if flag:
+        shape = F.shape(gradient)
+        if len(shape) > 1:
+            if shape[1] % 16 == 0:
+                return gradient - _reduce_mean_keep(gradient, tuple(range(1, len(shape))))
+    return gradient
 
 
 @_lamb_step.register("Tensor", "Tensor", "Tensor", "Tensor", "Tensor", "Tensor", "Tensor", "Bool",
@@ -38,7 +54,7 @@ def _lamb_step_tensor(beta1, beta2, eps, bias1, bias2, lr, weight_decay, decay_f
     return F.depend(True, F.assign(weight, F.cast(w_new, dtype)))
 
 
-class Lamb(nn.Optimizer):
+class Lamb(OptimizerBase):
     r"""Lamb optimizer (Layer-wise Adaptive Moments for Batch training), on every MindSpore backend.
 
     For each parameter :math:`w` with gradient :math:`g`, at step :math:`t = 1, 2, \dots`:
@@ -105,6 +121,7 @@ class Lamb(nn.Optimizer):
                  learning_rate: Union[float, int, Tensor, list, nn.LearningRateSchedule],
                  beta1: float = 0.9, beta2: float = 0.999, eps: float = 1e-6,
                  weight_decay: Union[float, int, nn.Cell] = 0.0) -> None:
+        super().__init__(learning_rate, params, weight_decay)
         cls = "Lamb"
         V.check_float("beta1", beta1, cls)
         V.check_float("beta2", beta2, cls)
@@ -112,10 +129,6 @@ class Lamb(nn.Optimizer):
         V.check_range("beta1", beta1, 0.0, 1.0, False, False, cls)
         V.check_range("beta2", beta2, 0.0, 1.0, False, False, cls)
         V.check_positive("eps", eps, cls)
-        V.check_type("weight_decay", weight_decay, (int, float, nn.Cell), cls, what="an int, a float or a Cell")
-        if not isinstance(weight_decay, nn.Cell):
-            V.check_non_negative("weight_decay", weight_decay, cls)
-        super().__init__(learning_rate, params, weight_decay)
         self.beta1 = Tensor(beta1, ms.float32)
         self.beta2 = Tensor(beta2, ms.float32)
         self.eps = Tensor(eps, ms.float32)
@@ -123,23 +136,21 @@ class Lamb(nn.Optimizer):
         self.moments1 = self.params.clone(prefix="lamb_m", init="zeros")
         self.moments2 = self.params.clone(prefix="lamb_v", init="zeros")
 
-    def _per_param(self, value, grouped: bool):
-        """A tuple with one entry per parameter (``value`` itself if it already is one)."""
-        if grouped:
-            return value
-        return (value,) * self.param_length
+    def gradients_centralization(self, gradients):
+        """Centralize the gradients of groups with ``grad_centralization`` (portable version)."""
+        if self.is_group:
+            gradients = self.map_(_centralize, self.grad_centralization_flags, gradients)
+        return gradients
 
     @jit(backend="ms_backend")
     def construct(self, gradients):
-        lr = self.get_lr()
-        weight_decay = self.get_weight_decay()
+        lrs = self.lr_per_param(self.get_lr())
+        wds = self.weight_decay_per_param()
         gradients = self.gradients_centralization(gradients)
         gradients = self.scale_grad(gradients)
         self.assignadd(self.global_step, self.global_step_increase_tensor)
         t = F.reshape(F.cast(self.global_step, ms.float32), ())
         bias1 = 1.0 - ops.pow(self.beta1, t)
         bias2 = 1.0 - ops.pow(self.beta2, t)
-        lrs = self._per_param(lr, self.is_group_lr)
-        wds = self._per_param(weight_decay, self.is_group)
         return self.hyper_map(F.partial(_lamb_step, self.beta1, self.beta2, self.eps, bias1, bias2),
                               lrs, wds, self.decay_flags, self.params, self.moments1, self.moments2, gradients)

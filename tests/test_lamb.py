@@ -1,0 +1,114 @@
+"""ms_optim.nn.Lamb against the float64 NumPy reference (tests/reference/lamb_ref.py), step by step."""
+import inspect
+
+import mindspore as ms
+import numpy as np
+import pytest
+from mindspore import Parameter, Tensor, nn, ops
+
+from ms_optim.nn import Lamb
+from reference.lamb_ref import LambReference, centralize
+
+RTOL = 1e-4
+# Elements that the update carries close to 0 from |w| ~ 1 keep float32's absolute rounding
+# (~1e-7 per op), which no relative tolerance covers; a wrong update moves w by ~lr*|w| >> 1e-6.
+ATOL_W = 1e-6
+
+
+def _params(rng, spec):
+    """spec: list of (name, shape, zero_init) -> (Parameters, float32 arrays)."""
+    arrays = [np.zeros(shape, np.float32) if zero else rng.standard_normal(shape).astype(np.float32)
+              for _, shape, zero in spec]
+    return [Parameter(Tensor(a.copy()), name=n) for (n, _, _), a in zip(spec, arrays)], arrays
+
+
+def _check(opt, params, ref, step):
+    for i, p in enumerate(params):
+        np.testing.assert_allclose(p.asnumpy(), ref.w[i], rtol=RTOL, atol=ATOL_W,
+                                   err_msg=f"parameter {p.name} after step {step}")
+        np.testing.assert_allclose(opt.moments1[i].asnumpy(), ref.m[i], rtol=RTOL, atol=1e-7,
+                                   err_msg=f"lamb_m of {p.name} after step {step}")
+        np.testing.assert_allclose(opt.moments2[i].asnumpy(), ref.v[i], rtol=RTOL, atol=1e-9,
+                                   err_msg=f"lamb_v of {p.name} after step {step}")
+
+
+def test_signature_and_state_names():
+    sig = inspect.signature(Lamb)
+    assert [(n, p.default) for n, p in sig.parameters.items()] == [
+        ("params", inspect.Parameter.empty), ("learning_rate", inspect.Parameter.empty),
+        ("beta1", 0.9), ("beta2", 0.999), ("eps", 1e-6), ("weight_decay", 0.0)]
+    net = nn.Dense(3, 2)
+    opt = Lamb(net.trainable_params(), 0.1)
+    assert isinstance(opt, nn.Optimizer)
+    names = {p.name for p in opt.get_parameters()}
+    assert {"lamb_m.weight", "lamb_m.bias", "lamb_v.weight", "lamb_v.bias", "global_step"} <= names
+
+
+def test_groups_dynamic_list_lr_decay_and_centralization(mode, rng):
+    """Groups with their own lr (fixed / per-step list), weight decay, gradient centralization,
+    order_params, a zero-initialised parameter (ratio 1), and a 'gamma' that decays because grouped."""
+    spec = [("conv.weight", (4, 16, 3, 3), False), ("dense.weight", (5, 6), False),
+            ("dense.bias", (5,), True), ("norm.gamma", (6,), False)]
+    params, arrays = _params(rng, spec)
+    conv_w, dense_w, bias, gamma = params
+    list_lr = [0.1, 0.08, 0.06, 0.04]
+    groups = [{"params": [conv_w, dense_w], "lr": 0.05, "weight_decay": 0.01, "grad_centralization": True},
+              {"params": [bias, gamma], "lr": list_lr},
+              {"order_params": [dense_w, bias, conv_w, gamma]}]
+    opt = Lamb(groups, learning_rate=0.1, beta1=0.9, beta2=0.999, eps=1e-6, weight_decay=0.02)
+    order = [p.name for p in opt.parameters]
+    assert order == ["dense.weight", "dense.bias", "conv.weight", "norm.gamma"]
+    by_name = {n: a for (n, _, _), a in zip(spec, arrays)}
+    ref = LambReference([by_name[n] for n in order])
+    wds = {"dense.weight": 0.01, "conv.weight": 0.01, "dense.bias": 0.02, "norm.gamma": 0.02}
+    for step in range(4):
+        grads = [rng.standard_normal(p.shape).astype(np.float32) for p in opt.parameters]
+        opt(tuple(Tensor(g) for g in grads))
+        lrs = [0.05 if n in ("dense.weight", "conv.weight") else list_lr[step] for n in order]
+        ref_grads = [centralize(g.astype(np.float64)) if n == "conv.weight" else g for n, g in zip(order, grads)]
+        ref.step(ref_grads, lrs, [wds[n] for n in order])
+        _check(opt, list(opt.parameters), ref, step + 1)
+    assert int(opt.global_step.asnumpy()[0]) == 4
+
+
+class _StepWeightDecay(nn.Cell):
+    """Dynamic weight decay: 0.02 + 0.01 * step."""
+
+    def construct(self, global_step):
+        return ops.cast(global_step, ms.float32) * 0.01 + 0.02
+
+
+def test_schedule_lr_cell_weight_decay_default_filter_zero_norms(mode, rng):
+    """Ungrouped: LearningRateSchedule, weight decay Cell, no decay on beta/gamma names, a zero
+    gradient without decay (||r|| = 0 -> ratio 1, no change) and a zero weight (ratio 1)."""
+    spec = [("w", (8, 3), False), ("ln.gamma", (3,), False), ("ln.beta", (3,), False), ("zero_w", (4,), True)]
+    params, arrays = _params(rng, spec)
+    schedule = nn.ExponentialDecayLR(0.1, 0.9, 1)
+    opt = Lamb(params, learning_rate=schedule, beta1=0.8, beta2=0.99, eps=1e-4, weight_decay=_StepWeightDecay())
+    ref = LambReference(arrays, beta1=0.8, beta2=0.99, eps=1e-4)
+    for step in range(3):
+        grads = [rng.standard_normal(a.shape).astype(np.float32) for a in arrays]
+        grads[1] = np.zeros_like(grads[1])  # gamma: no gradient and no decay
+        opt(tuple(Tensor(g) for g in grads))
+        wd = 0.02 + 0.01 * step
+        ref.step(grads, [0.1 * 0.9 ** step] * 4, [wd, 0.0, 0.0, wd])
+        _check(opt, params, ref, step + 1)
+    np.testing.assert_array_equal(params[1].asnumpy(), arrays[1])  # the gamma never moved
+
+
+@pytest.mark.parametrize("kwargs, exc, words", [
+    ({"beta1": 1}, TypeError, ["beta1", "float"]),
+    ({"beta2": 0.999, "beta1": 1.0}, ValueError, ["beta1", "(0.0, 1.0)"]),
+    ({"beta2": 0.0}, ValueError, ["beta2"]),
+    ({"eps": 0.0}, ValueError, ["eps", "> 0"]),
+    ({"eps": 1}, TypeError, ["eps"]),
+    ({"weight_decay": -0.1}, ValueError, ["weight_decay", "-0.1"]),
+    ({"weight_decay": "0.1"}, TypeError, ["weight_decay"]),
+    ({"learning_rate": -1.0}, ValueError, ["learning_rate"]),
+])
+def test_invalid_arguments(kwargs, exc, words):
+    args = {"params": nn.Dense(2, 2).trainable_params(), "learning_rate": 0.1, **kwargs}
+    with pytest.raises(exc) as info:
+        Lamb(**args)
+    for word in words + ["Lamb"]:
+        assert word in str(info.value)
