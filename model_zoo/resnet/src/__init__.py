@@ -1,0 +1,1 @@
+"""ResNet model-zoo sources: network, configuration, data pipelines, schedules and callbacks."""
