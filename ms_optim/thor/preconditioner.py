@@ -1,0 +1,188 @@
+"""THOR's preconditioner: damping, (blocked) damped inverses and the ``G^-1 dW A^-1`` products.
+
+Pure functions of tensors, built only from ``mindspore.ops`` that have CPU, GPU and Ascend kernels
+(``MatrixInverse``, ``BatchMatMul``/``MatMul``, ``Gather``, ``Pad``), so they run unchanged in
+PYNATIVE_MODE and GRAPH_MODE. Shapes are Python constants fixed when the optimizer is built
+(:class:`BlockLayout`), so GRAPH_MODE sees only static shapes.
+
+Blocked inverses (the default, as MindSpore does on GPU and Ascend). A factor ``F`` of size ``n x n``
+is split along its diagonal into ``nblocks = ceil(n / bs)`` blocks of width ``bs`` (the last one
+``n - (nblocks - 1) * bs`` wide); off-diagonal blocks are ignored. For damping ``d`` and
+``lam = sqrt(d)``, each block ``F_k`` is replaced by ``(F_k + lam I)^-1``. The result is stored as one
+``(nblocks, bs, bs)`` tensor; the last block is padded with the identity (its padding is never read
+by the products, whose padded inputs are zero). With ``n <= bs`` (or ``inverse="full"``) there is one
+block of width ``n``: the whole-matrix inverse ``(F + lam I)^-1``.
+
+Products (``P = nblocks * bs``):
+
+* left, ``G^-1 X`` for ``X`` of shape ``(n, k)``: pad ``X`` to ``(P, k)``, view it as
+  ``(nblocks, bs, k)``, one batched matmul with the inverse blocks, drop the padding;
+* right, ``X A^-1`` for ``X`` of shape ``(k, n)``: the same on ``(nblocks, k, bs)`` after a transpose.
+
+Nothing else is computed on a step that only applies stored inverses.
+
+Validity. ``MatrixInverse`` returns finite garbage (not an error, not NaN) for a singular matrix and
+zeros for a non-finite one. An inverse block is therefore accepted only if the damped block was
+finite and ``max |F_k X_k - I| <= INVERSE_TOLERANCE``; a layer with any rejected block keeps its
+previous inverse (the identity before its first accepted one). With ``damping > 0`` every damped
+factor is symmetric positive definite and, for the condition numbers THOR meets in float32, always
+accepted; the check only matters for ``damping == 0`` with a singular factor (a dead layer) or a
+non-finite factor, where it keeps NaN and garbage out of the parameters.
+"""
+from __future__ import annotations
+
+import math
+from typing import Tuple
+
+import numpy as np
+
+import mindspore.common.dtype as mstype
+from mindspore import Tensor, ops
+
+__all__ = [
+    "INVERSE_TOLERANCE",
+    "BlockLayout",
+    "identity_blocks",
+    "damped_blocks",
+    "invert_blocks",
+    "accept_inverse",
+    "apply_left",
+    "apply_right",
+    "precondition_matrix",
+    "damped_diagonal_inverse",
+    "precondition_embedding",
+    "precondition_layernorm",
+]
+
+#: Largest accepted entry of ``|F_k X_k - I|`` for an inverse block ``X_k`` of a damped block ``F_k``.
+INVERSE_TOLERANCE = 1e-2
+
+
+class BlockLayout:
+    """Static block geometry of one ``n x n`` factor: ``nblocks`` diagonal blocks of width ``bs``.
+
+    ``block_size=None`` means one whole-matrix block (``inverse="full"``). ``padded = nblocks * bs``.
+    Also holds the constant tensors the ops need (identity blocks, the pad mask, the gather indices).
+    """
+
+    def __init__(self, n: int, block_size=None):
+        if n < 1:
+            raise ValueError(f"A THOR factor must have a positive size, but got {n}.")
+        bs = n if block_size is None else min(int(block_size), n)
+        self.n = int(n)
+        self.bs = int(bs)
+        self.nblocks = int(math.ceil(n / bs))
+        self.padded = self.nblocks * self.bs
+        self.pad = self.padded - self.n
+        eye = np.broadcast_to(np.eye(self.bs, dtype=np.float32), (self.nblocks, self.bs, self.bs)).copy()
+        pad_eye = np.zeros_like(eye)
+        if self.pad:
+            tail = self.n - (self.nblocks - 1) * self.bs
+            idx = np.arange(tail, self.bs)
+            pad_eye[-1, idx, idx] = 1.0
+        self.eye_np = eye
+        self.eye = Tensor(eye, mstype.float32)
+        self.pad_eye = Tensor(pad_eye, mstype.float32)
+        # index k * (nblocks + 1) picks block (k, k) out of the (nblocks * nblocks, bs, bs) view
+        self.diag_index = Tensor(np.arange(self.nblocks, dtype=np.int32) * (self.nblocks + 1), mstype.int32)
+
+    @property
+    def shape(self) -> Tuple[int, int, int]:
+        """Shape of the stored inverse: ``(nblocks, bs, bs)``."""
+        return (self.nblocks, self.bs, self.bs)
+
+    def __repr__(self) -> str:
+        return f"BlockLayout(n={self.n}, nblocks={self.nblocks}, bs={self.bs})"
+
+
+def identity_blocks(layout: BlockLayout) -> np.ndarray:
+    """The identity in stored form (the initial inverse and the fallback), as a NumPy array."""
+    return layout.eye_np.copy()
+
+
+def damped_blocks(factor, lam, n: int, nblocks: int, bs: int, eye, pad_eye, diag_index):
+    """Diagonal blocks of ``factor + lam I`` as ``(nblocks, bs, bs)``; padding is the identity.
+
+    ``factor``: ``(n, n)`` float32; ``lam``: scalar float32 tensor (``sqrt(damping)``).
+    """
+    factor = ops.cast(factor, mstype.float32)
+    if nblocks == 1:
+        blocks = ops.reshape(factor, (1, n, n))
+    else:
+        padded = nblocks * bs
+        if padded > n:
+            factor = ops.pad(factor, (0, padded - n, 0, padded - n))
+        blocks = ops.reshape(factor, (nblocks, bs, nblocks, bs))
+        blocks = ops.transpose(blocks, (0, 2, 1, 3))
+        blocks = ops.reshape(blocks, (nblocks * nblocks, bs, bs))
+        blocks = ops.gather(blocks, diag_index, 0)
+    return blocks + lam * eye + pad_eye
+
+
+def invert_blocks(blocks):
+    """Batched inverse of ``(nblocks, bs, bs)`` blocks (``MatrixInverse``: CPU, GPU and Ascend kernels)."""
+    return ops.MatrixInverse()(blocks)
+
+
+def accept_inverse(blocks, inverse, eye):
+    """Scalar bool: every block finite and ``max |blocks @ inverse - I| <= INVERSE_TOLERANCE``."""
+    residual = ops.abs(ops.bmm(blocks, inverse) - eye)
+    worst = ops.reduce_max(residual)
+    finite = ops.logical_and(ops.all(ops.isfinite(blocks)), ops.all(ops.isfinite(inverse)))
+    return ops.logical_and(finite, worst <= INVERSE_TOLERANCE)
+
+
+def apply_left(inverse, x, n: int, nblocks: int, bs: int):
+    """``F^-1 x`` for a stored (blocked) inverse ``(nblocks, bs, bs)`` and ``x`` of shape ``(n, k)``."""
+    if nblocks == 1:
+        return ops.matmul(ops.reshape(inverse, (n, n)), x)
+    k = x.shape[1]
+    padded = nblocks * bs
+    if padded > n:
+        x = ops.pad(x, (0, 0, 0, padded - n))
+    y = ops.bmm(inverse, ops.reshape(x, (nblocks, bs, k)))
+    y = ops.reshape(y, (padded, k))
+    if padded > n:
+        y = y[:n]
+    return y
+
+
+def apply_right(x, inverse, n: int, nblocks: int, bs: int):
+    """``x F^-1`` for ``x`` of shape ``(k, n)`` and a stored (blocked) inverse ``(nblocks, bs, bs)``."""
+    if nblocks == 1:
+        return ops.matmul(x, ops.reshape(inverse, (n, n)))
+    k = x.shape[0]
+    padded = nblocks * bs
+    if padded > n:
+        x = ops.pad(x, (0, padded - n))
+    y = ops.transpose(ops.reshape(x, (k, nblocks, bs)), (1, 0, 2))
+    y = ops.bmm(y, inverse)
+    y = ops.reshape(ops.transpose(y, (1, 0, 2)), (k, padded))
+    if padded > n:
+        y = y[:, :n]
+    return y
+
+
+def precondition_matrix(grad2d, g_inverse, a_inverse, g_geom, a_geom):
+    """``G^-1 dW A^-1`` for a Dense weight gradient (or a conv gradient as ``out x (in*kh*kw)``).
+
+    ``g_geom``/``a_geom`` are ``(n, nblocks, bs)`` tuples of the two layouts.
+    """
+    y = apply_left(g_inverse, grad2d, g_geom[0], g_geom[1], g_geom[2])
+    return apply_right(y, a_inverse, a_geom[0], a_geom[1], a_geom[2])
+
+
+def damped_diagonal_inverse(diagonal, lam):
+    """``1 / (a + lam)`` for the diagonal ``a`` of an embedding's A (a vector of id frequencies)."""
+    return ops.reciprocal(ops.cast(diagonal, mstype.float32) + lam)
+
+
+def precondition_embedding(grad, a_inverse, g_inverse, g_geom):
+    """Embedding table gradient ``(vocab, dim)``: rows scaled by ``A^-1`` (diagonal), then ``x G^-1``."""
+    scaled = grad * ops.expand_dims(a_inverse, 1)
+    return apply_right(scaled, g_inverse, g_geom[0], g_geom[1], g_geom[2])
+
+
+def precondition_layernorm(grad, lam, batch_size: float):
+    """LayerNorm gamma/beta: elementwise ``g / (g^2 / batch_size + lam)``."""
+    return grad / (ops.square(grad) / batch_size + lam)
