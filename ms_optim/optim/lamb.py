@@ -10,6 +10,7 @@ import mindspore as ms
 from mindspore import Parameter, Tensor, jit, nn, ops
 from mindspore.ops import composite as C
 from mindspore.ops import functional as F
+from mindspore.nn.learning_rate_schedule import LearningRateSchedule
 
 from ms_optim import _validation as V
 from ms_optim.optim._base import OptimizerBase
@@ -118,7 +119,7 @@ class Lamb(OptimizerBase):
     _support_parallel_optimizer = False
 
     def __init__(self, params: Union[List[Parameter], List[dict]],
-                 learning_rate: Union[float, int, Tensor, list, nn.LearningRateSchedule],
+                 learning_rate: Union[float, int, Tensor, list, LearningRateSchedule],
                  beta1: float = 0.9, beta2: float = 0.999, eps: float = 1e-6,
                  weight_decay: Union[float, int, nn.Cell] = 0.0) -> None:
         super().__init__(learning_rate, params, weight_decay)
@@ -132,6 +133,7 @@ class Lamb(OptimizerBase):
         self.beta1 = Tensor(beta1, ms.float32)
         self.beta2 = Tensor(beta2, ms.float32)
         self.eps = Tensor(eps, ms.float32)
+        self._one = Tensor(1.0, ms.float32)
         self.params = self._parameters
         self.moments1 = self.params.clone(prefix="lamb_m", init="zeros")
         self.moments2 = self.params.clone(prefix="lamb_v", init="zeros")
@@ -148,8 +150,11 @@ class Lamb(OptimizerBase):
         wds = self.weight_decay_per_param()
         gradients = self.gradients_centralization(gradients)
         gradients = self.scale_grad(gradients)
+        # t = this step's number, from the value read before the increment: a read placed after
+        # the AssignAdd can be merged with an earlier read of global_step (e.g. a wrapping LARS's
+        # learning-rate lookup) and then sees the old value
+        t = F.reshape(F.cast(self.global_step, ms.float32), ()) + self._one
         self.assignadd(self.global_step, self.global_step_increase_tensor)
-        t = F.reshape(F.cast(self.global_step, ms.float32), ())
         bias1 = 1.0 - ops.pow(self.beta1, t)
         bias2 = 1.0 - ops.pow(self.beta2, t)
         return self.hyper_map(F.partial(_lamb_step, self.beta1, self.beta2, self.eps, bias1, bias2),

@@ -13,6 +13,7 @@ from mindspore.ops import composite as C
 from mindspore.ops import functional as F
 
 from ms_optim import _validation as V
+from ms_optim.optim._base import OptimizerBase
 from ms_optim.optim._trust_ratio import l2_norm, trust_ratio
 
 __all__ = ["LARS", "decay_free_view", "default_lars_filter"]
@@ -86,7 +87,7 @@ def _lars_gradient_tensor(epsilon, coefficient, use_clip, lr, weight_decay, deca
     return gradient
 
 
-class LARS(nn.Optimizer):
+class LARS(OptimizerBase):
     r"""LARS: scales each layer's gradient by a layer-wise trust ratio, then runs ``optimizer``.
 
     For each parameter :math:`w` that ``lars_filter`` keeps, with gradient :math:`g` and the
@@ -189,22 +190,12 @@ class LARS(nn.Optimizer):
         """The wrapped optimizer, exactly as the user built it."""
         return self._wrapped
 
-    def _per_param(self, value, grouped: bool):
-        if grouped:
-            return value
-        return (value,) * self.param_length
-
     @jit(backend="ms_backend")
     def construct(self, gradients):
-        lr = self.get_lr()  # read before the wrapped optimizer advances global_step
-        weight_decay = self.get_weight_decay()
-        if self.is_group:
-            weight_decay = self.hyper_map(F.partial(ops.mul, self.reciprocal_scale), weight_decay)
-        else:
-            weight_decay = weight_decay * self.reciprocal_scale  # stored times loss_scale by the base class
+        # both read before the wrapped optimizer advances global_step
+        lrs = self.lr_per_param(self.get_lr())
+        wds = self.weight_decay_per_param()  # the wrapped optimizer's, loss scale divided out
         gradients = self.scale_grad(gradients)
         gradients = self.hyper_map(F.partial(_lars_gradient, self.epsilon, self.coefficient, self.use_clip),
-                                   self._per_param(lr, self.is_group_lr),
-                                   self._per_param(weight_decay, self.is_group),
-                                   self.decay_flags, self.lars_flag, self.parameters, gradients)
+                                   lrs, wds, self.decay_flags, self.lars_flag, self.parameters, gradients)
         return self.opt(gradients)
