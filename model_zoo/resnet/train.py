@@ -28,6 +28,9 @@ import sys
 
 sys.dont_write_bytecode = True  # a refused run leaves nothing behind, not even __pycache__
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+_REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+if os.path.isdir(os.path.join(_REPO, "ms_optim")) and _REPO not in sys.path:
+    sys.path.append(_REPO)  # run from a checkout without `pip install -e .`; an installed ms_optim wins
 
 from src.cli import ZooArgumentParser, add_config_options, config_overrides, run_main  # noqa: E402
 from src.config import ConfigError, format_config, load_config  # noqa: E402

@@ -12,9 +12,14 @@ from typing import Callable, List, Optional, Sequence
 
 import numpy as np
 from mindspore import Tensor, save_checkpoint
+from mindspore import float16 as ms_float16, float32 as ms_float32
 from mindspore.train.callback import Callback
 
-__all__ = ["ProgressMonitor", "StepCheckpoint", "gather_state"]
+__all__ = ["ProgressMonitor", "StepCheckpoint", "gather_state", "RankStatsAverager"]
+
+# Per-rank running statistics: BatchNorm's moving averages and THOR's last-step factors. Data-parallel
+# training keeps weights and optimizer state identical on every rank but not these.
+_RANK_LOCAL_SUFFIXES = ("moving_mean", "moving_variance", "matrix_a_cov", "matrix_g_cov")
 
 
 def _loss_value(outputs) -> float:
@@ -88,14 +93,45 @@ class ProgressMonitor(Callback):
                      f"{self.batch_size * self.rank_size * steps / max(seconds, 1e-9):.1f} images/s")
 
 
+class RankStatsAverager:
+    """Replaces every rank-local statistic (see ``_RANK_LOCAL_SUFFIXES``) by its mean over the ranks,
+    in one all-reduce, so all ranks write the same checkpoint. Training is unaffected: BatchNorm uses
+    batch statistics while training, and THOR recomputes its factors before it next uses them."""
+
+    def __init__(self, cells: Sequence, rank_size: int):
+        import mindspore.ops as ops
+
+        seen = {}
+        for cell in cells:
+            for _, param in cell.parameters_and_names():
+                if param.name.endswith(_RANK_LOCAL_SUFFIXES) and param.dtype in (ms_float32, ms_float16):
+                    seen.setdefault(param.name, param)
+        self.params = list(seen.values())
+        self.rank_size = rank_size
+        self.allreduce = ops.AllReduce()
+
+    def __call__(self) -> None:
+        if not self.params or self.rank_size <= 1:
+            return
+        flat = np.concatenate([p.asnumpy().astype(np.float32).reshape(-1) for p in self.params])
+        total = self.allreduce(Tensor(flat)).asnumpy() / self.rank_size
+        offset = 0
+        for param in self.params:
+            size = int(np.prod(param.shape))
+            param.set_data(Tensor(total[offset:offset + size].reshape(param.shape), param.dtype))
+            offset += size
+
+
 class StepCheckpoint(Callback):
     """Saves network + optimizer state every ``every`` global steps and at the last step, as
     ``{prefix}-{epoch}_{step_in_epoch}.ckpt`` with the zoo's bookkeeping in the file
     (``zoo_step``, ``zoo_steps_per_epoch``), keeping the newest ``keep_max`` files."""
 
     def __init__(self, directory: str, prefix: str, cells: Sequence, every: int, keep_max: int,
-                 steps_per_epoch: int, total_steps: int, printer: Callable[[str], None] = print):
+                 steps_per_epoch: int, total_steps: int, printer: Callable[[str], None] = print,
+                 before_save: Optional[Callable[[], None]] = None):
         super().__init__()
+        self.before_save = before_save
         self.directory, self.prefix, self.cells = directory, prefix, list(cells)
         self.every, self.keep_max = every, keep_max
         self.steps_per_epoch, self.total_steps = steps_per_epoch, total_steps
@@ -118,6 +154,8 @@ class StepCheckpoint(Callback):
     def save(self, g: int) -> str:
         epoch, step = (g - 1) // self.steps_per_epoch + 1, (g - 1) % self.steps_per_epoch + 1
         path = os.path.join(self.directory, f"{self.prefix}-{epoch}_{step}.ckpt")
+        if self.before_save is not None:
+            self.before_save()
         save_checkpoint(gather_state(self.cells), path,
                         append_dict={"zoo_step": g, "zoo_steps_per_epoch": self.steps_per_epoch})
         self.saved.append(path)

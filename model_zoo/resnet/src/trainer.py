@@ -10,7 +10,7 @@ import numpy as np
 import mindspore as ms
 from mindspore import Tensor
 
-from .callbacks import ProgressMonitor, StepCheckpoint
+from .callbacks import ProgressMonitor, RankStatsAverager, StepCheckpoint
 from .config import ConfigError
 from .dataset import create_dataset
 from .lr_schedule import momentum_lr, thor_schedules
@@ -169,7 +169,8 @@ def train(args, config: Dict[str, Any], config_text: str) -> int:
     monitor = ProgressMonitor(config["epoch_size"], steps_per_epoch, config["batch_size"], size,
                               config["log_interval"], lr=lr, printer=log)
     saver = StepCheckpoint(ckpt_dir, prefix, (net, opt), config["save_checkpoint_steps"],
-                           config["keep_checkpoint_max"], steps_per_epoch, total_steps, printer=log)
+                           config["keep_checkpoint_max"], steps_per_epoch, total_steps, printer=log,
+                           before_save=RankStatsAverager((net, opt), size) if size > 1 else None)
     t0 = time.perf_counter()
     first_epoch, skip = divmod(start_step, steps_per_epoch)
     for epoch in range(first_epoch, config["epoch_size"]):
