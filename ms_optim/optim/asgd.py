@@ -1,0 +1,202 @@
+"""ASGD: averaged stochastic gradient descent (Polyak & Juditsky, 1992), written from ``mindspore.ops``.
+
+The update follows what MindSpore 2.x's ASGD *code* computes (its docstring differs): see
+:class:`ASGD`. The parameter update runs as one fused in-place kernel per parameter
+(``ApplyProximalGradientDescent``, which has CPU, GPU and Ascend kernels) instead of four
+elementwise passes, so it touches each array once.
+"""
+from __future__ import annotations
+
+from typing import List, Union
+
+import mindspore as ms
+from mindspore import Parameter, ParameterTuple, Tensor, jit, nn, ops
+from mindspore.ops import functional as F
+
+from ms_optim import _validation as V
+from ms_optim.optim._base import OptimizerBase, check_learning_rate, check_params, check_weight_decay
+
+__all__ = ["ASGD"]
+
+# 1 - l2*eta == 0 in float32 means the exact value is within half an ulp of 1 (2**-24) of zero;
+# using 2**-24 there keeps the fused form finite and is as accurate as float32 allows.
+_TINY = 2.0 ** -24
+
+
+class ASGD(OptimizerBase):
+    r"""Averaged Stochastic Gradient Descent, as MindSpore's ASGD computes it, on every backend.
+
+    With :math:`t` the step number *after* it is incremented (1 at the first call), :math:`\eta_0
+    = lr_1`, learning rate :math:`lr_t` of step :math:`t` (:meth:`get_lr` before the increment),
+    :math:`\lambda` = ``lambd``, :math:`\lambda_w` the weight decay of the parameter (0 where the
+    decay filter excludes it) and gradient :math:`g`:
+
+    .. math::
+        w &\leftarrow w\,(1 - \lambda\,\eta_{t-1}) - \eta_{t-1}\,(g + \lambda_w w) \\
+        ax &\leftarrow \begin{cases} w & \mu_{t-1} = 1 \\
+                                    ax + (w - ax)\,\mu_{t-1} & \text{otherwise} \end{cases} \\
+        \eta_t &= \frac{lr_t}{(1 + \lambda\, lr_t\, t)^{\alpha}} \\
+        \mu_t &= \frac{1}{\max(1,\ t - t_0)}
+
+    (:math:`\eta` and :math:`\mu` of step :math:`t` are stored for step :math:`t+1`; at step 1,
+    :math:`\eta_0 = lr_1`, :math:`\mu_0 = 1`.) MindSpore's docstring writes
+    :math:`\eta_t = 1/(1+\lambda\, lr\, t)^\alpha` and :math:`ax_t = (w_t - ax_{t-1})\mu_{t-1}`;
+    its code, and this class, compute the formulas above.
+
+    For float32 parameters the first line runs as one fused in-place kernel,
+    ``ApplyProximalGradientDescent`` with :math:`l_1 = 0`, :math:`l_2 = \lambda + \lambda_w` and step
+    :math:`a = \eta / (1 - l_2\eta)`, because :math:`(w - a g) / (1 + a l_2) = (1 - l_2 \eta) w - \eta g`
+    exactly (equal to float32 rounding; :math:`1 - l_2\eta = 0` is replaced by :math:`2^{-24}`).
+    Other dtypes compute in float32 and cast back, as MindSpore does. Where a group enables
+    ``grad_centralization``, its weight decay is added to the gradient before centralizing, as in
+    MindSpore.
+
+    State (MindSpore's names, so checkpoints move between the libraries): ``ax_.<param name>``
+    (averaged parameter, zeros at start), ``eta_<param name>`` and ``mu_<param name>`` (0-D
+    float32, 0 and 1 at start), and ``global_step``.
+
+    Args:
+        params (Union[list[Parameter], list[dict]]): the parameters to train, or parameter groups:
+            dicts with ``"params"`` (required), ``"lr"``, ``"weight_decay"``, ``"grad_centralization"``,
+            or a single ``{"order_params": ...}`` dict fixing the order. Without groups, weight decay
+            skips parameters whose name contains ``beta`` or ``gamma``.
+        learning_rate (Union[float, int, Tensor, Iterable, LearningRateSchedule]): a fixed value
+            (>= 0; float, int or 0-D Tensor), or a dynamic one (1-D Tensor or list: entry ``i`` at step
+            ``i + 1``; or a ``LearningRateSchedule`` called with the step). Default: ``0.1``.
+        lambd (float): the decay term :math:`\lambda`, >= 0. Default: ``1e-4``.
+        alpha (float): the power :math:`\alpha` in the :math:`\eta` update, >= 0. Default: ``0.75``.
+        t0 (float): the step :math:`t_0` after which averaging starts. Default: ``1e6``.
+        weight_decay (Union[float, int, Cell]): :math:`\lambda_w`, >= 0, or a Cell returning it for the
+            step. Default: ``0.0``.
+
+    Inputs:
+        - **gradients** (tuple[Tensor]) - gradients of ``params``, same shapes.
+
+    Outputs:
+        bool: ``True``.
+
+    Raises:
+        TypeError: an element of ``params`` is neither a Parameter nor a dict.
+        TypeError: ``learning_rate`` is not an int, float, Tensor, Iterable or LearningRateSchedule.
+        ValueError: ``learning_rate`` is negative, or a learning-rate list is shorter than the steps trained.
+        TypeError: ``lambd``, ``alpha`` or ``t0`` is not a float.
+        ValueError: ``lambd`` or ``alpha`` is negative.
+        TypeError: ``weight_decay`` is not an int, float or Cell.
+        ValueError: ``weight_decay`` is negative.
+
+    Examples:
+        >>> import mindspore as ms
+        >>> from ms_optim import nn
+        >>> net = nn.Dense(4, 2)
+        >>> opt = nn.ASGD(net.trainable_params(), learning_rate=0.1)
+        >>> grads = tuple(ms.ops.ones_like(p) for p in net.trainable_params())
+        >>> _ = opt(grads)
+        >>> [p.name for p in opt.ax]
+        ['ax_.weight', 'ax_.bias']
+    """
+
+    _support_parallel_optimizer = False
+
+    def __init__(self, params: Union[List[Parameter], List[dict]],
+                 learning_rate: Union[float, int, Tensor, list, nn.LearningRateSchedule] = 0.1,
+                 lambd: float = 1e-4, alpha: float = 0.75, t0: float = 1e6,
+                 weight_decay: Union[float, int, nn.Cell] = 0.0) -> None:
+        cls = "ASGD"
+        params = check_params(params, cls)  # signature order: params, learning_rate, lambd, alpha, t0, ...
+        check_learning_rate(learning_rate, cls)
+        V.check_float("lambd", lambd, cls)
+        V.check_float("alpha", alpha, cls)
+        V.check_float("t0", t0, cls)
+        V.check_non_negative("lambd", lambd, cls)
+        V.check_non_negative("alpha", alpha, cls)
+        check_weight_decay(weight_decay, cls)
+        super().__init__(learning_rate, params, weight_decay)
+        self.lambd = lambd
+        self.alpha = alpha
+        self.t0 = Tensor(t0, ms.float32)
+        self.lambd_tensor = Tensor(lambd, ms.float32)
+        self.mu = ParameterTuple([Parameter(Tensor(1.0, ms.float32), name="mu_" + p.name)
+                                  for p in self._parameters])
+        self.eta = ParameterTuple([Parameter(Tensor(0.0, ms.float32), name="eta_" + p.name)
+                                   for p in self._parameters])
+        self.ax = self._parameters.clone(prefix="ax_", init="zeros")
+        self.lens = self.param_length
+        gc_flags = self.grad_centralization_flags if self.is_group else (False,) * self.param_length
+        # Static per-parameter choices, resolved before compiling.
+        self._fused = tuple(p.dtype == ms.float32 for p in self._parameters)
+        self._decay_in_grad = tuple(bool(self.exec_weight_decay and d and gc)
+                                    for d, gc in zip(self.decay_flags, gc_flags))
+        self._decay_in_l2 = tuple(bool(self.exec_weight_decay and d and not gc)
+                                  for d, gc in zip(self.decay_flags, gc_flags))
+        self._any_decay_in_grad = any(self._decay_in_grad)
+        self._zero = Tensor(0.0, ms.float32)
+        self._one = Tensor(1.0, ms.float32)
+        self._tiny = Tensor(_TINY, ms.float32)
+        self.prox = ops.ApplyProximalGradientDescent()
+        self._l2_decay_mask = Tensor([1.0 if d else 0.0 for d in self._decay_in_l2], ms.float32)
+        self._l2_lambd_only = Tensor([lambd] * self.param_length, ms.float32)
+
+    @jit(backend="ms_backend")
+    def construct(self, gradients):
+        lrs = self.lr_per_param(self.get_lr())
+        wds = self.weight_decay_per_param()
+        gradients = self.scale_grad(gradients)
+        if self._any_decay_in_grad:
+            decayed = ()
+            for i in range(self.param_length):
+                grad = gradients[i]
+                if self._decay_in_grad[i]:
+                    grad = grad + F.cast(wds[i], F.dtype(grad)) * self._parameters[i]
+                decayed = decayed + (grad,)
+            gradients = decayed
+        gradients = self.gradients_centralization(gradients)
+        self.assignadd(self.global_step, self.global_step_increase_tensor)
+        step = F.reshape(self.global_step, ())
+        t = F.cast(step, ms.float32)
+
+        # Scalars of all parameters at once, as (n,) vectors: a few kernels instead of a few per parameter.
+        lr_now = ops.stack(lrs) if self.is_group_lr else lrs[0]
+        eta = ops.where(step == 1, lr_now, ops.stack(self.eta))  # eta_0 = lr_1
+        if self.exec_weight_decay:
+            l2 = self.lambd_tensor + ops.stack(wds) * self._l2_decay_mask
+        else:
+            l2 = self._l2_lambd_only
+        keep = self._one - l2 * eta
+        keep = ops.where(keep == self._zero, self._tiny, keep)
+        step_sizes = ops.unstack(eta / keep)
+        etas = ops.unstack(eta)
+        l2s = ops.unstack(l2)
+        eta_next = self._one * lr_now / ops.pow(self._one + self.lambd * lr_now * t, self.alpha)
+        eta_next = ops.unstack(eta_next) if self.is_group_lr else (eta_next,) * self.param_length
+        mu_next = self._one / ops.maximum(self._one, t - self.t0)
+
+        for i in range(self.param_length):
+            param = self._parameters[i]
+            if self._fused[i]:
+                self.prox(param, step_sizes[i], self._zero, l2s[i], gradients[i])
+            else:
+                w32 = F.cast(param, ms.float32)
+                w32 = w32 * (self._one - l2s[i] * etas[i]) - etas[i] * F.cast(gradients[i], ms.float32)
+                F.assign(param, F.cast(w32, F.dtype(param)))
+        # ax = w while mu = 1 (every step up to t0 + 1): one test for all parameters, then plain copies.
+        if ops.all(ops.stack(self.mu) == self._one):
+            for i in range(self.param_length):
+                F.assign(self.ax[i], self._parameters[i])
+        else:
+            for i in range(self.param_length):
+                self._average(self.ax[i], self._parameters[i], self.mu[i])
+        for i in range(self.param_length):
+            F.assign(self.eta[i], eta_next[i])
+            F.assign(self.mu[i], mu_next)
+        return True
+
+    def _average(self, ax, param, mu):
+        """ax = w if mu == 1 else ax + (w - ax) * mu (in float32)."""
+        if mu != self._one:
+            F.assign(ax, F.cast(ops.lerp(F.cast(ax, ms.float32), F.cast(param, ms.float32), mu), F.dtype(ax)))
+        else:
+            F.assign(ax, param)
+
+    def _eta_next(self, lr, t):
+        """eta for the next step: lr / (1 + lambd * lr * t) ** alpha."""
+        return lr / ops.pow(self._one + self.lambd * lr * t, self.alpha)
