@@ -74,6 +74,7 @@ _LAYERNORM = 3    # LayerNorm gamma/beta
 _apply_decay = C.MultitypeFuncGraph("thor_apply_decay")
 _clip_to_unit_norm = C.MultitypeFuncGraph("thor_clip_to_unit_norm")
 _momentum_step = C.MultitypeFuncGraph("thor_momentum_step")
+_nesterov_step = C.MultitypeFuncGraph("thor_nesterov_step")
 
 
 @_apply_decay.register("Tensor", "Bool", "Tensor", "Tensor")
@@ -94,8 +95,22 @@ def _clip_to_unit_norm_tensor(gradient):
 
 @_momentum_step.register("Function", "Tensor", "Tensor", "Tensor", "Tensor", "Tensor")
 def _momentum_step_tensor(opt, momentum, learning_rate, gradient, weight, moment):
-    """accum = m * accum + g; w -= lr * accum (fused ApplyMomentum, Nesterov if configured)."""
+    """accum = m * accum + g; w -= lr * accum (the fused ApplyMomentum kernel)."""
     return F.depend(True, opt(weight, moment, learning_rate, gradient, momentum))
+
+
+@_nesterov_step.register("Tensor", "Tensor", "Tensor", "Tensor", "Tensor")
+def _nesterov_step_tensor(momentum, learning_rate, gradient, weight, moment):
+    """accum = m * accum + g; w -= lr * (g + m * accum).
+
+    Written out because ``ApplyMomentum(use_nesterov=True)``'s CPU kernel in MindSpore 2.10 ignores
+    the flag (it performs the plain momentum update).
+    """
+    gradient = ops.cast(gradient, F.dtype(moment))
+    accum = momentum * moment + gradient
+    done = ops.assign(moment, accum)
+    update = ops.cast(learning_rate * (gradient + momentum * accum), F.dtype(weight))
+    return F.depend(True, F.depend(ops.assign_sub(weight, update), done))
 
 
 # ----------------------------------------------------------------------------------- validation
@@ -129,7 +144,7 @@ def _check_schedule(name: str, value: Any) -> Tensor:
     if not np.all(np.isfinite(array)) or np.any(array < 0):
         bad = array[~(np.isfinite(array) & (array >= 0))][0]
         raise ValueError(f"For '{_NAME}', the argument '{name}' must hold finite values >= 0, "
-                         f"but got {bad!r}.")
+                         f"but got {float(bad)!r}.")
     return value
 
 
@@ -223,7 +238,7 @@ class ThorOptimizer(Optimizer):
         self.split_indices = list(split_indices) if split_indices is not None else None
         self.momentum = Parameter(Tensor(momentum, mstype.float32), name="momentum")
         self.moments = self._parameters.clone(prefix="moments", init="zeros")
-        self.opt = P.ApplyMomentum(use_nesterov=self.use_nesterov)
+        self.opt = P.ApplyMomentum()
 
         # weight decay: our own flags (nn.Optimizer's default filter would skip 'beta'/'gamma')
         self.weight_decay = float(weight_decay)
@@ -426,8 +441,11 @@ class ThorOptimizer(Optimizer):
         if self.enable_clip_grad:
             gradients = self.hyper_map(_clip_to_unit_norm, gradients)
         lr = self.get_lr()
-        success = self.hyper_map(F.partial(_momentum_step, self.opt, self.momentum, lr), gradients, params,
-                                 self.moments)
+        if self.use_nesterov:
+            success = self.hyper_map(F.partial(_nesterov_step, self.momentum, lr), gradients, params, self.moments)
+        else:
+            success = self.hyper_map(F.partial(_momentum_step, self.opt, self.momentum, lr), gradients, params,
+                                     self.moments)
         success = F.depend(success, self.assignadd(self.global_step, self.global_step_increase_tensor))
         for i in range(self.num_layers):
             success = F.depend(success, ops.assign(self.thor_flags[i], next_flag))

@@ -1,0 +1,331 @@
+"""THOR optimizer vs the NumPy float64 oracle (tests/reference/thor_ref.py), every parameter after
+every step (rtol 1e-3), in PYNATIVE and GRAPH mode, the optimizer inside TrainOneStepCell.
+
+Nets: a ReLU MLP with biases and a 150-wide hidden layer (so 128-wide blocks matter and the last block
+is smaller); a conv net (stride 2, padding, dilation 2, a 3x2 kernel, biases); an Embedding + Dense +
+LayerNorm model. Settings: frequency 3 and 100, blocked and full inverses, Nesterov, weight decay with
+a decay_filter, clipping, loss_scale 128 (sens 128, as FixedLossScaleManager(drop_overflow_update=False)
+trains) equal to loss_scale 1. Also: identity factors with damping 0 equal nn.Momentum, the thor_flag
+schedule, and the clear error past the end of the learning-rate/damping Tensors.
+"""
+import numpy as np
+import pytest
+
+import mindspore as ms
+from mindspore import Tensor, nn, ops
+
+from ms_optim.thor import preconditioner as pc
+from ms_optim.thor.layers import ThorLayer
+from ms_optim.thor.optimizer import ThorOptimizer, thor
+from reference.thor_ref import ConvRef, EmbedRef, MLPRef, ThorReference, block_inverse
+
+RTOL = 1e-3
+ATOL = 1e-6
+
+
+# ----------------------------------------------------------------------------------- nets
+class MLP(nn.Cell):
+    def __init__(self, n_in=20, hidden=150, classes=10):
+        super().__init__()
+        self.fc1 = nn.Dense(n_in, hidden, activation="relu")
+        self.fc2 = nn.Dense(hidden, classes)
+
+    def construct(self, x):
+        return self.fc2(self.fc1(x))
+
+
+class ConvNet(nn.Cell):
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(3, 4, (3, 2), stride=2, pad_mode="pad", padding=1, dilation=2, has_bias=True)
+        self.relu = nn.ReLU()
+        self.flatten = nn.Flatten()
+        self.fc = nn.Dense(4 * 4 * 5, 5)   # 9x9 input -> 4x5 output positions
+
+    def construct(self, x):
+        return self.fc(self.flatten(self.relu(self.conv(x))))
+
+
+class EmbedNet(nn.Cell):
+    def __init__(self, vocab=12, dim=6, tokens=3, hidden=16, classes=4):
+        super().__init__()
+        self.emb = nn.Embedding(vocab, dim)
+        self.fc1 = nn.Dense(tokens * dim, hidden)
+        self.ln = nn.LayerNorm((hidden,), epsilon=1e-7)
+        self.relu = nn.ReLU()
+        self.fc2 = nn.Dense(hidden, classes)
+        self.flat = tokens * dim
+
+    def construct(self, ids):
+        e = self.emb(ids)
+        x = ops.reshape(e, (e.shape[0], self.flat))
+        return self.fc2(self.relu(self.ln(self.fc1(x))))
+
+
+def _init_params(net, rng):
+    """Well-scaled random values (so the factors dominate the damping) written into ``net``."""
+    for p in net.trainable_params():
+        shape = p.shape
+        if p.name.endswith("gamma"):
+            value = 1.0 + 0.1 * rng.standard_normal(shape)
+        elif p.name.endswith(("bias", "beta")):
+            value = 0.1 * rng.standard_normal(shape)
+        else:
+            fan_in = int(np.prod(shape[1:])) if len(shape) > 1 else 1
+            value = rng.standard_normal(shape) * (1.0 if "embedding" in p.name else np.sqrt(2.0 / fan_in))
+        p.set_data(Tensor(value.astype(np.float32)))
+
+
+def _params(net):
+    return {p.name: p.asnumpy().astype(np.float64) for p in net.trainable_params()}
+
+
+def _train_cell(net, opt, sens=None):
+    loss = nn.SoftmaxCrossEntropyWithLogits(sparse=True, reduction="mean")
+    with_loss = nn.WithLossCell(net, loss)
+    cell = nn.TrainOneStepCell(with_loss, opt) if sens is None else nn.TrainOneStepCell(with_loss, opt, sens=sens)
+    return cell.set_train()
+
+
+def _compare(net, ref, step):
+    got = _params(net)
+    assert set(got) == set(ref.params)
+    for name, want in ref.params.items():
+        np.testing.assert_allclose(got[name], want, rtol=RTOL, atol=ATOL,
+                                   err_msg=f"parameter {name} after step {step}")
+
+
+def _run(net, ref, cell, batches):
+    for step, (x, y) in enumerate(batches):
+        loss = cell(Tensor(x), Tensor(y))
+        ref.step(x, y)
+        np.testing.assert_allclose(float(loss.asnumpy()), ref.losses[-1], rtol=RTOL, err_msg=f"loss at step {step}")
+        _compare(net, ref, step)
+
+
+def _mlp_batches(rng, steps, batch=16, n_in=20, classes=10):
+    return [(rng.standard_normal((batch, n_in)).astype(np.float32), rng.integers(0, classes, batch).astype(np.int32))
+            for _ in range(steps)]
+
+
+def _schedules(steps):
+    lr = np.linspace(0.1, 0.05, steps).astype(np.float32)
+    damping = np.linspace(0.05, 0.02, steps).astype(np.float32)
+    return lr, damping
+
+
+# ----------------------------------------------------------------------------------- MLP
+MLP_CASES = {
+    # frequency 3 (THOR steps 0, 3, 6), default 128-wide blocks: 150 -> blocks of 128 and 22
+    "f3_blocked": dict(frequency=3, steps=7, kwargs={}, ref={}),
+    # frequency 100, whole-matrix inverses, Nesterov, weight decay on weights only, clipping
+    "f100_full_nesterov_decay_clip": dict(
+        frequency=100, steps=4,
+        kwargs=dict(use_nesterov=True, weight_decay=0.01, decay_filter=lambda p: "bias" not in p.name,
+                    enable_clip_grad=True, inverse="full"),
+        ref=dict(use_nesterov=True, weight_decay=0.01, decay_filter=lambda name: "bias" not in name,
+                 enable_clip_grad=True, block_size=None)),
+}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("case", sorted(MLP_CASES))
+def test_mlp_matches_reference(mode, rng, case):
+    spec = MLP_CASES[case]
+    steps = spec["steps"]
+    net = MLP()
+    _init_params(net, rng)
+    lr, damping = _schedules(steps)
+    ref = ThorReference(MLPRef(), _params(net), lr, damping, 0.9, batch_size=16, frequency=spec["frequency"],
+                        **spec["ref"])
+    opt = thor(net, Tensor(lr), Tensor(damping), 0.9, batch_size=16, frequency=spec["frequency"], **spec["kwargs"])
+    assert opt.get_frequency() == spec["frequency"]
+    layouts = [(lay.nblocks, lay.bs) for lay in opt.a_layouts + opt.g_layouts]
+    if case == "f3_blocked":
+        assert layouts == [(1, 20), (2, 128), (2, 128), (1, 10)]  # A: 20, 150; G: 150, 10
+    else:
+        assert layouts == [(1, 20), (1, 150), (1, 150), (1, 10)]
+    cell = _train_cell(net, opt)
+    _run(net, ref, cell, _mlp_batches(rng, steps))
+    if case == "f100_full_nesterov_decay_clip":
+        # the clip must have been active: some preconditioned gradient had norm > 1 (else the case tests nothing)
+        assert ref.clipped > 0
+    # one step past the end of the per-step Tensors: a clear error naming the argument
+    x, y = _mlp_batches(rng, 1)[0]
+    with pytest.raises(ValueError, match="learning_rate"):
+        cell(Tensor(x), Tensor(y))
+
+
+@pytest.mark.slow
+def test_loss_scale_128_equals_loss_scale_1(mode, rng):
+    """sens 128 + loss_scale=128 (FixedLossScaleManager(128, drop_overflow_update=False)'s training
+    cell) follows the oracle, which is the loss_scale 1 trajectory, and equals a loss_scale 1 run."""
+    steps = 4
+    lr, damping = _schedules(steps)
+    batches = _mlp_batches(rng, steps)
+    nets = []
+    for scale in (128.0, 1.0):
+        net = MLP()
+        _init_params(net, np.random.default_rng(7))
+        ref = ThorReference(MLPRef(), _params(net), lr, damping, 0.9, batch_size=16, frequency=2)
+        opt = thor(net, Tensor(lr), Tensor(damping), 0.9, loss_scale=scale, batch_size=16, frequency=2)
+        _run(net, ref, _train_cell(net, opt, sens=scale if scale != 1.0 else None), batches)
+        nets.append(_params(net))
+    for name in nets[0]:
+        np.testing.assert_allclose(nets[0][name], nets[1][name], rtol=RTOL, atol=ATOL, err_msg=name)
+
+
+# ----------------------------------------------------------------------------------- conv
+@pytest.mark.slow
+def test_conv_matches_reference(mode, rng):
+    steps = 5
+    net = ConvNet()
+    _init_params(net, rng)
+    lr, damping = _schedules(steps)
+    ref = ThorReference(ConvRef((3, 2), (2, 2), (2, 2), (1, 1, 1, 1)), _params(net), lr, damping, 0.9,
+                        batch_size=8, frequency=3)
+    opt = thor(net, Tensor(lr), Tensor(damping), 0.9, batch_size=8, frequency=3)
+    assert [type(c).__name__ for c in opt.thor_layers] == ["Conv2dThor", "DenseThor"]
+    assert opt.a_layouts[0].n == 3 * 3 * 2
+    batches = [(rng.standard_normal((8, 3, 9, 9)).astype(np.float32), rng.integers(0, 5, 8).astype(np.int32))
+               for _ in range(steps)]
+    _run(net, ref, _train_cell(net, opt), batches)
+
+
+# ----------------------------------------------------------------------------------- embedding
+@pytest.mark.slow
+def test_embedding_dense_layernorm_matches_reference(mode, rng):
+    steps = 5
+    net = EmbedNet()
+    _init_params(net, rng)
+    lr, damping = _schedules(steps)
+
+    def keep(name):
+        return not name.startswith("ln.") and "bias" not in name
+
+    ref = ThorReference(EmbedRef(1e-7), _params(net), lr, damping, 0.9, weight_decay=0.005, batch_size=8,
+                        decay_filter=keep, frequency=2, layernorm=("ln",))
+    opt = thor(net, Tensor(lr), Tensor(damping), 0.9, weight_decay=0.005, batch_size=8, frequency=2,
+               decay_filter=lambda p: keep(p.name))
+    assert [c.kind for c in opt.thor_layers] == ["embedding", "dense", "dense"]
+    batches = [(rng.integers(0, 12, (8, 3)).astype(np.int32), rng.integers(0, 4, 8).astype(np.int32))
+               for _ in range(steps)]
+    _run(net, ref, _train_cell(net, opt), batches)
+
+
+# ----------------------------------------------------------------------------------- degenerate case
+def test_identity_factors_damping_zero_equals_momentum(mode, rng):
+    """With A = I, G = I (times loss_scale**2, as the layers store it) and damping 0, THOR is Momentum."""
+    steps = 3
+    net = MLP(6, 5, 3)
+    _init_params(net, rng)
+    plain = MLP(6, 5, 3)
+    for p, q in zip(plain.trainable_params(), net.trainable_params()):
+        p.set_data(Tensor(q.asnumpy()))
+    lr = Tensor(np.array([0.1, 0.05, 0.02], np.float32))
+    opt = thor(net, lr, Tensor(np.zeros(steps, np.float32)), 0.9, loss_scale=4.0, frequency=2)
+    for layer in opt.thor_layers:
+        layer.matrix_a_cov.set_data(Tensor(np.eye(layer.a_dim, dtype=np.float32)))
+        layer.matrix_g_cov.set_data(Tensor(16.0 * np.eye(layer.g_dim, dtype=np.float32)))
+    momentum = nn.Momentum(plain.trainable_params(), lr, 0.9, loss_scale=4.0)
+    for step in range(steps):
+        grads = tuple(Tensor(rng.standard_normal(p.shape).astype(np.float32)) for p in net.trainable_params())
+        opt(grads)
+        momentum(grads)
+        for p, q in zip(net.trainable_params(), plain.trainable_params()):
+            np.testing.assert_allclose(p.asnumpy(), q.asnumpy(), rtol=RTOL, atol=ATOL, err_msg=f"{p.name} step {step}")
+        assert int(opt.global_step.asnumpy()[0]) == step + 1
+
+
+def test_thor_flag_schedule_and_damping_end(mode, rng):
+    """thor_flag is written (t + 1) % f == 0 after every step; step t is a THOR step iff t % f == 0
+    (the inverses change exactly then); a damping Tensor shorter than the run is a clear error."""
+    net = MLP(6, 5, 3)
+    _init_params(net, rng)
+    lr = Tensor(np.full(10, 0.05, np.float32))
+    opt = thor(net, lr, Tensor(np.full(5, 0.1, np.float32)), 0.9, batch_size=4, frequency=3)
+    assert all(bool(layer.thor_flag.asnumpy()) for layer in opt.thor_layers)  # step 0 is a THOR step
+    cell = _train_cell(net, opt)
+    before = opt.matrix_a_inv[1].asnumpy().copy()
+    for t in range(5):
+        x = rng.standard_normal((4, 6)).astype(np.float32)
+        cell(Tensor(x), Tensor(rng.integers(0, 3, 4).astype(np.int32)))
+        after = opt.matrix_a_inv[1].asnumpy().copy()
+        assert (not np.array_equal(before, after)) == (t % 3 == 0), f"step {t}"
+        before = after
+        for layer in opt.thor_layers:
+            assert bool(layer.thor_flag.asnumpy()) == ((t + 1) % 3 == 0)
+        assert int(opt.global_step.asnumpy()[0]) == t + 1
+    with pytest.raises(ValueError, match="'damping'"):
+        cell(Tensor(rng.standard_normal((4, 6)).astype(np.float32)), Tensor(np.zeros(4, np.int32)))
+
+
+def test_public_attributes():
+    net = MLP(6, 5, 3)
+    opt = thor(net, Tensor(np.float32(0.1)), Tensor(np.float32(0.01)), 0.9, frequency=7, split_indices=[0, 1])
+    assert isinstance(opt, ThorOptimizer) and isinstance(opt, nn.Optimizer)
+    assert opt.get_frequency() == opt.frequency == 7
+    assert all(isinstance(c, ThorLayer) for c in opt.thor_layers) and opt.num_layers == 2
+    names = {p.name for p in opt.get_parameters()}
+    assert {"matrix_a_inv_0", "matrix_a_inv_1", "matrix_g_inv_0", "matrix_g_inv_1", "global_step",
+            "moments.fc1.weight", "moments.fc2.bias"} <= names
+    assert opt.matrix_a_inv[0].shape == (1, 6, 6) and opt.matrix_g_inv[0].shape == (1, 5, 5)
+    assert opt.split_indices == [0, 1]
+
+
+# ----------------------------------------------------------------------------------- preconditioner
+class _Blocks(nn.Cell):
+    def __init__(self, layout_a, layout_g):
+        super().__init__()
+        self.la, self.lg = layout_a, layout_g
+        self.ga = (layout_a.n, layout_a.nblocks, layout_a.bs)
+        self.gg = (layout_g.n, layout_g.nblocks, layout_g.bs)
+
+    def construct(self, a, g, grad, lam):
+        ba = pc.damped_blocks(a, lam, self.la.n, self.la.nblocks, self.la.bs, self.la.eye, self.la.pad_eye,
+                              self.la.diag_index)
+        bg = pc.damped_blocks(g, lam, self.lg.n, self.lg.nblocks, self.lg.bs, self.lg.eye, self.lg.pad_eye,
+                              self.lg.diag_index)
+        ia, ig = pc.invert_blocks(ba), pc.invert_blocks(bg)
+        ok = ops.logical_and(pc.accept_inverse(ba, ia, self.la.eye), pc.accept_inverse(bg, ig, self.lg.eye))
+        return ia, ig, ok, pc.precondition_matrix(grad, ig, ia, self.gg, self.ga)
+
+
+@pytest.mark.parametrize("block_size", [4, 3, None])
+def test_preconditioner_blocks_match_numpy(mode, rng, block_size):
+    """Blocked (last block smaller, padded with the identity) and whole-matrix inverses and the product
+    G^-1 dW A^-1 equal the NumPy block-diagonal versions."""
+    n_a, n_g = 10, 7
+    xa = rng.standard_normal((12, n_a))
+    xg = rng.standard_normal((12, n_g))
+    a, g = xa.T @ xa / 12, xg.T @ xg / 12
+    grad = rng.standard_normal((n_g, n_a))
+    lam = 0.3
+    la, lg = pc.BlockLayout(n_a, block_size), pc.BlockLayout(n_g, block_size)
+    ia, ig, ok, pre = _Blocks(la, lg)(Tensor(a.astype(np.float32)), Tensor(g.astype(np.float32)),
+                                     Tensor(grad.astype(np.float32)), Tensor(np.float32(lam)))
+    assert bool(ok.asnumpy())
+    bs = n_a if block_size is None else block_size
+    assert ia.shape == (int(np.ceil(n_a / bs)), min(bs, n_a), min(bs, n_a))
+    want_a = block_inverse(a, lam, block_size)
+    got_a = np.zeros((la.padded, la.padded))
+    for k in range(la.nblocks):
+        got_a[k * la.bs:(k + 1) * la.bs, k * la.bs:(k + 1) * la.bs] = ia.asnumpy()[k]
+    np.testing.assert_allclose(got_a[:n_a, :n_a], want_a, rtol=RTOL, atol=ATOL)
+    if la.pad:  # the padding of the last block is the (damped) identity's inverse, off the real block
+        tail = ia.asnumpy()[-1][n_a - (la.nblocks - 1) * la.bs:, n_a - (la.nblocks - 1) * la.bs:]
+        np.testing.assert_allclose(tail, np.eye(la.pad) / (1 + lam), rtol=RTOL)
+    want = block_inverse(g, lam, block_size) @ grad @ want_a
+    np.testing.assert_allclose(pre.asnumpy(), want, rtol=RTOL, atol=ATOL)
+
+
+def test_preconditioner_rejects_singular_and_nonfinite(mode):
+    """damping 0 with a singular factor, or a NaN factor: the inverse is rejected (never NaN)."""
+    layout = pc.BlockLayout(4, None)
+    cell = _Blocks(layout, layout)
+    singular = np.ones((4, 4), np.float32)
+    nan = np.full((4, 4), np.nan, np.float32)
+    good = np.eye(4, dtype=np.float32)
+    for bad in (singular, nan):
+        _, _, ok, _ = cell(Tensor(bad), Tensor(good), Tensor(np.ones((4, 4), np.float32)), Tensor(np.float32(0.0)))
+        assert not bool(ok.asnumpy())
