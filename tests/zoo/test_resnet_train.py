@@ -1,0 +1,195 @@
+"""ResNet zoo end to end on tiny generated data in the real on-disk formats (CIFAR-10 binary batches,
+ImageFolder PNG trees): the published architectures build and convert (ResNet-50: 54 THOR layers, so
+split_indices [26, 53] is valid), standalone THOR and Momentum training + eval through train.py/eval.py
+and the launchers, exact resume from a mid-run (mid-epoch, mid-THOR-cycle) checkpoint, and 2 msrun
+CPU workers ending with identical checkpoints.
+
+Training runs use ResNet-18 at width 4 on 16x16 crops, batch 4, a few steps: the code paths are the
+real ones, the sizes keep the whole module within about two minutes.
+"""
+from __future__ import annotations
+
+import glob
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from zoo_data import write_cifar10, write_image_folder
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+ZOO = os.path.join(ROOT, "model_zoo", "resnet")
+TRAIN = os.path.join(ZOO, "train.py")
+EVAL = os.path.join(ZOO, "eval.py")
+CONFIGS = os.path.join(ZOO, "configs")
+SCRIPTS = os.path.join(ROOT, "scripts")
+TINY = ["--width=4", "--image_size=16", "--batch_size=4", "--eval_batch_size=4", "--num_parallel_workers=1",
+        "--log_interval=1"]
+THOR_CIFAR = os.path.join(CONFIGS, "resnet18_cifar10_thor.yaml")
+MOM_CIFAR = os.path.join(CONFIGS, "resnet18_cifar10_momentum.yaml")
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory):
+    root = tmp_path_factory.mktemp("zoo_train_data")
+    return {"cifar": write_cifar10(str(root / "cifar")),
+            "images": write_image_folder(str(root / "images"), per_class=8, classes=5, size=24),
+            "images_val": write_image_folder(str(root / "images_val"), per_class=2, classes=5, size=24, seed=1)}
+
+
+def _run(cmd, cwd, env=None, timeout=300):
+    proc = subprocess.run(cmd, cwd=str(cwd), capture_output=True, text=True, timeout=timeout,
+                          env=dict(os.environ, PYTHON=sys.executable, **(env or {})))
+    assert proc.returncode == 0, f"{cmd}\n--- stdout\n{proc.stdout[-3000:]}\n--- stderr\n{proc.stderr[-3000:]}"
+    return proc.stdout
+
+
+def _train(config, data_path, out, *extra, cwd):
+    return _run([sys.executable, TRAIN, "--config_path", config, "--data_path", data_path, "--output_dir", str(out),
+                 "--device_target", "CPU", *TINY, *extra], cwd)
+
+
+def _ckpt(path):
+    import mindspore as ms
+
+    return {k: v.asnumpy() for k, v in ms.load_checkpoint(str(path)).items()}
+
+
+def _assert_same_state(a, b):
+    assert sorted(a) == sorted(b)
+    for key in a:
+        np.testing.assert_array_equal(a[key], b[key], err_msg=key)
+
+
+def _eval(config, data_path, ckpt, cwd, *extra):
+    out = _run([sys.executable, EVAL, "--config_path", config, "--data_path", data_path, "--checkpoint_path",
+                str(ckpt), "--device_target", "CPU", *TINY[:5], *extra], cwd)
+    match = re.search(r"top1 ([0-9.]+) top5 ([0-9.]+) images (\d+)", out)
+    assert match, out
+    top1, top5, images = float(match[1]), float(match[2]), int(match[3])
+    assert 0.0 <= top1 <= top5 <= 1.0
+    return top1, top5, images
+
+
+@pytest.mark.slow
+def test_published_architectures_build_and_convert():
+    """Parameter counts of the real networks (torchvision's for 1000 classes) and ResNet-50's 54 THOR
+    layers: thor() accepts split_indices [26, 53] and refuses an index past the last layer."""
+    import mindspore as ms
+    from mindspore import Tensor
+
+    sys.path.insert(0, ZOO)
+    from src.resnet import build_resnet
+    from ms_optim import nn as thor_nn
+    from ms_optim.thor.layers import ThorLayer
+
+    expected = {("resnet18", 1000): 11689512, ("resnet34", 1000): 21797672, ("resnet50", 1000): 25557032,
+                ("resnet50", 1001): 25559081, ("resnet101", 1000): 44549160}
+    for (name, classes), count in expected.items():
+        net = build_resnet(name, class_num=classes)
+        assert sum(int(np.prod(p.shape)) for p in net.trainable_params()) == count, name
+        out = net(Tensor(np.zeros((1, 3, 64, 64), np.float32)))
+        assert out.shape == (1, classes)
+    net = build_resnet("resnet50", class_num=1001)
+    plain = {p.name: p.asnumpy() for p in net.trainable_params()}
+    lr, damping = Tensor(np.full(4, 0.01, np.float32)), Tensor(np.full(4, 0.03, np.float32))
+    with pytest.raises(ValueError, match="split_indices"):
+        thor_nn.thor(net, lr, damping, 0.9, 5e-4, 128.0, 32, split_indices=[26, 54], frequency=834)
+    opt = thor_nn.thor(net, lr, damping, 0.9, 5e-4, 128.0, 32, split_indices=[26, 53], frequency=834)
+    layers = [cell for _, cell in net.cells_and_names() if isinstance(cell, ThorLayer)]
+    assert len(layers) == 54 and [l.kind for l in layers].count("conv") == 53
+    assert {p.name: p.asnumpy().shape for p in net.trainable_params()} == {k: v.shape for k, v in plain.items()}
+    assert opt is not None
+    del ms
+
+
+@pytest.mark.slow
+def test_thor_imagefolder_resume_is_exact_and_eval(tmp_path, data):
+    """THOR (frequency 3) on an ImageFolder tree: 3 epochs x 3 steps; a run resumed from the step-4
+    checkpoint (mid-epoch, mid-THOR-cycle) ends with exactly the same weights, factors, inverses,
+    momenta and step counter as the uninterrupted run; eval reports top-1/top-5."""
+    config = os.path.join(CONFIGS, "resnet50_imagenet2012_thor_gpu.yaml")
+    extra = ["--net=resnet18", "--class_num=5", "--split_indices=0", "--frequency=3", "--epoch_size=3",
+             "--steps_per_epoch=3", "--save_checkpoint_steps=2", "--lr_end_epoch=4", "--mode=graph"]
+    full = _train(config, data["images"], tmp_path / "full", *extra, cwd=tmp_path)
+    assert re.search(r"epoch 1/3 step 1/3 \(global 1\) loss [0-9.]+ lr [0-9.]+ step [0-9.]+ ms images/s", full)
+    assert "epoch 3/3 done: 3 steps" in full
+    saved = sorted(os.path.basename(p) for p in glob.glob(str(tmp_path / "full" / "ckpt_0" / "*.ckpt")))
+    assert saved == ["resnet18-1_2.ckpt", "resnet18-2_1.ckpt", "resnet18-2_3.ckpt", "resnet18-3_2.ckpt",
+                     "resnet18-3_3.ckpt"]
+    resumed = _train(config, data["images"], tmp_path / "resumed", *extra, "--resume",
+                     str(tmp_path / "full" / "ckpt_0" / "resnet18-2_1.ckpt"), cwd=tmp_path)
+    assert "resuming at global step 4" in resumed and "(global 4)" not in resumed and "(global 5)" in resumed
+    lr_full = re.findall(r"\(global (\d+)\) loss ([0-9.]+) lr ([0-9.]+)", full)
+    lr_resumed = re.findall(r"\(global (\d+)\) loss ([0-9.]+) lr ([0-9.]+)", resumed)
+    assert lr_resumed == lr_full[4:]  # same losses and schedule, step for step
+    final_full = _ckpt(tmp_path / "full" / "ckpt_0" / "resnet18-3_3.ckpt")
+    _assert_same_state(final_full, _ckpt(tmp_path / "resumed" / "ckpt_0" / "resnet18-3_3.ckpt"))
+    assert any("matrix_a_cov" in k for k in final_full) and int(final_full["global_step"].reshape(-1)[0]) == 9
+    _, _, images = _eval(config, data["images_val"], tmp_path / "full" / "ckpt_0" / "resnet18-3_3.ckpt", tmp_path,
+                         "--net=resnet18", "--class_num=5")
+    assert images == 10
+
+
+@pytest.mark.slow
+def test_momentum_cifar_resume_is_exact_and_eval(tmp_path, data):
+    extra = ["--epoch_size=2", "--steps_per_epoch=3", "--save_checkpoint_steps=2", "--warmup_epochs=1"]
+    _train(MOM_CIFAR, data["cifar"], tmp_path / "full", *extra, cwd=tmp_path)
+    _train(MOM_CIFAR, data["cifar"], tmp_path / "resumed", *extra, "--resume",
+           str(tmp_path / "full" / "ckpt_0" / "resnet18-1_2.ckpt"), cwd=tmp_path)
+    final = _ckpt(tmp_path / "full" / "ckpt_0" / "resnet18-2_3.ckpt")
+    _assert_same_state(final, _ckpt(tmp_path / "resumed" / "ckpt_0" / "resnet18-2_3.ckpt"))
+    assert any(k.startswith("moments.") for k in final)
+    _, _, images = _eval(MOM_CIFAR, data["cifar"], tmp_path / "full" / "ckpt_0" / "resnet18-2_3.ckpt", tmp_path,
+                         "--eval_steps=3")
+    assert images == 12
+
+
+@pytest.mark.slow
+def test_launch_scripts_thor_cifar_and_momentum_imagefolder(tmp_path, data):
+    """run_standalone_train.sh + run_eval.sh: THOR on CIFAR-10 and Momentum on an ImageFolder tree."""
+    env = {"DEVICE_TARGET": "CPU"}
+    for name, config, train_data, eval_data, extra in [
+            ("thor", THOR_CIFAR, data["cifar"], data["cifar"], ["--split_indices=5,20", "--frequency=2"]),
+            ("mom", os.path.join(CONFIGS, "resnet50_imagenet2012_momentum.yaml"), data["images"],
+             data["images_val"], ["--net=resnet18", "--class_num=5"])]:
+        run_dir = tmp_path / name
+        out = _run(["bash", os.path.join(SCRIPTS, "run_standalone_train.sh"), train_data, config, "0", "--",
+                    *TINY, "--epoch_size=1", "--steps_per_epoch=3", *extra], tmp_path,
+                   env=dict(env, RUN_DIR=str(run_dir)))
+        assert "exit status 0" in out
+        log = (run_dir / "train.log").read_text()
+        assert "epoch 1/1 done: 3 steps" in log and "checkpoint saved" in log
+        (ckpt,) = glob.glob(str(run_dir / "output" / "ckpt_0" / "resnet18-1_3.ckpt"))
+        eval_dir = tmp_path / f"{name}_eval"
+        _run(["bash", os.path.join(SCRIPTS, "run_eval.sh"), eval_data, ckpt, config, "--", *TINY[:5],
+              "--eval_steps=2", *extra[:2]], tmp_path, env=dict(env, RUN_DIR=str(eval_dir)))
+        result = json.loads((eval_dir / "result.json").read_text())
+        assert 0.0 <= result["top1"] <= result["top5"] <= 1.0 and result["images"] == 8
+        assert "top1" in (eval_dir / "eval.log").read_text()
+
+
+@pytest.mark.slow
+@pytest.mark.distributed
+def test_cpu_msrun_two_workers_thor(tmp_path, data):
+    """run_distribute_train_cpu.sh 2: ResNet-18 THOR, 2 msrun workers on 127.0.0.1, a few steps."""
+    if shutil.which("msrun") is None:
+        pytest.fail("msrun (installed with MindSpore) is not on PATH")
+    run_dir = tmp_path / "run"
+    _run(["bash", os.path.join(SCRIPTS, "run_distribute_train_cpu.sh"), "2", data["cifar"], THOR_CIFAR, "--",
+          *TINY, "--epoch_size=1", "--steps_per_epoch=3", "--frequency=2"], tmp_path,
+         env={"RUN_DIR": str(run_dir)}, timeout=400)
+    logs = sorted(os.path.basename(p) for p in glob.glob(str(run_dir / "log" / "worker_*.log")))
+    assert logs == ["worker_0.log", "worker_1.log"]
+    for rank in (0, 1):
+        text = (run_dir / "log" / f"worker_{rank}.log").read_text()
+        assert f"[rank {rank}/2]" in text and "epoch 1/1 done: 3 steps" in text
+    rank0 = _ckpt(run_dir / "output" / "ckpt_0" / "resnet18-1_3.ckpt")
+    rank1 = _ckpt(run_dir / "output" / "ckpt_1" / "resnet18-1_3.ckpt")
+    _assert_same_state(rank0, rank1)
+    assert int(rank0["global_step"].reshape(-1)[0]) == 3
