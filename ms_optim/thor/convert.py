@@ -1,0 +1,141 @@
+"""Convert a network's ``nn.Dense``/``nn.Conv2d``/``nn.Embedding`` layers to THOR layers, in place.
+
+``ConvertNetUtils().convert_to_thor_net(net)`` walks every cell reachable from ``net`` (nested Cells,
+``SequentialCell``, ``CellList``, ``CellDict``, cells held as attributes) and replaces each supported
+layer by its THOR twin built with ``ThorLayer.from_cell``, which *reuses* the layer's Parameter
+objects. Hence:
+
+* weights, biases, dtypes and Parameter names are unchanged (a checkpoint of the converted net loads
+  into the plain net and back; the THOR layers only add ``matrix_a_cov``, ``matrix_g_cov`` and
+  ``thor_flag``, named after the layer's weight: ``fc1.weight`` gives ``fc1.matrix_a_cov``);
+* stride, padding, pad_mode, dilation, non-square kernels and biases are kept, so the converted net
+  computes exactly what the plain net computes;
+* a layer object used at several places is replaced by one THOR layer used at the same places;
+* converting twice is a no-op (THOR layers are left alone).
+
+What stays a plain, first-order layer (documented, never an error): grouped or depthwise
+convolutions (``group > 1``), ``data_format='NHWC'`` convolutions, subclasses of the plain layers (their
+forward may differ; only the exact classes are converted), other layer types, and layers whose
+weight has ``requires_grad=False`` (frozen: nothing to precondition). No layer is special-cased by
+its name.
+"""
+from __future__ import annotations
+
+from typing import Dict, List, Optional, Set, Tuple
+
+from mindspore import nn
+
+from ms_optim._validation import check_type
+from ms_optim.thor.layers import Conv2dThor, DenseThor, EmbeddingThor, ThorLayer
+
+__all__ = ["ConvertNetUtils", "thor_layer_class_for"]
+
+_THOR_CLASSES = (DenseThor, Conv2dThor, EmbeddingThor)
+_FACTOR_ATTRS = ("matrix_a_cov", "matrix_g_cov", "thor_flag")
+_PRECISION_FLAGS = ("fp16", "fp32", "bf16")
+
+
+def thor_layer_class_for(cell: nn.Cell) -> Optional[type]:
+    """The THOR class that converts ``cell``, or None if ``cell`` stays as it is."""
+    if isinstance(cell, ThorLayer):
+        return None
+    for cls in _THOR_CLASSES:
+        if cls.supports(cell):
+            weight = cls._plain_weight(cell)  # pylint: disable=protected-access
+            return cls if weight.requires_grad else None
+    return None
+
+
+class ConvertNetUtils:
+    """Converts a network to THOR layers (see the module docstring for what is kept and what is not)."""
+
+    def __init__(self):
+        pass
+
+    @staticmethod
+    def thor_candidates(net: nn.Cell) -> List[Tuple[str, nn.Cell]]:
+        """``(name, cell)`` of every layer THOR would precondition: THOR layers already there and the
+        plain layers ``convert_to_thor_net`` would convert. Touches nothing (for validation)."""
+        check_type("net", net, nn.Cell, "ConvertNetUtils", what="a Cell")
+        found = []
+        for name, cell in net.cells_and_names():
+            if isinstance(cell, ThorLayer) or thor_layer_class_for(cell) is not None:
+                found.append((name, cell))
+        return found
+
+    def convert_to_thor_net(self, net: nn.Cell) -> nn.Cell:
+        """Replace, in place, every supported layer of ``net`` by its THOR layer; return ``net``.
+
+        Raises:
+            TypeError: if ``net`` is not a Cell.
+        """
+        check_type("net", net, nn.Cell, "ConvertNetUtils", what="a Cell")
+        names_in_use: Set[str] = {param.name for param in net.get_parameters()}
+        paths = {id(cell): name for name, cell in net.cells_and_names()}
+        replaced: Dict[int, ThorLayer] = {}
+        self._convert_children(net, replaced, set(), names_in_use, paths)
+        if hasattr(net, "update_cell_type"):
+            net.update_cell_type("second-order")
+        return net
+
+    def _convert_children(self, parent: nn.Cell, replaced: Dict[int, ThorLayer], visited: Set[int],
+                          names_in_use: Set[str], paths: Dict[int, str]) -> None:
+        if id(parent) in visited:
+            return
+        visited.add(id(parent))
+        for key, child in list(parent._cells.items()):  # pylint: disable=protected-access
+            if child is None:
+                continue
+            new = replaced.get(id(child))
+            if new is None:
+                cls = thor_layer_class_for(child)
+                if cls is None:
+                    self._convert_children(child, replaced, visited, names_in_use, paths)
+                    continue
+                new = cls.from_cell(child, self._factor_prefix(cls, child, names_in_use, paths))
+                self._copy_cell_state(child, new)
+                replaced[id(child)] = new
+            self._swap_child(parent, key, child, new)
+
+    @staticmethod
+    def _factor_prefix(cls: type, cell: nn.Cell, names_in_use: Set[str], paths: Dict[int, str]) -> str:
+        """Name prefix of the new factor Parameters: the weight's prefix, or the cell's path if taken."""
+        weight_name = cls._plain_weight(cell).name  # pylint: disable=protected-access
+        candidates = [weight_name[:weight_name.rfind(".") + 1]]
+        path = paths.get(id(cell))
+        if path:
+            candidates.append(path + ".")
+        base = candidates[-1]
+        candidates += [f"{base}thor{i}." for i in range(1, 1000)]
+        for prefix in candidates:
+            names = [prefix + attr for attr in _FACTOR_ATTRS]
+            if not any(name in names_in_use for name in names):
+                names_in_use.update(names)
+                return prefix
+        raise RuntimeError(f"ConvertNetUtils: no free parameter name for the THOR factors of '{weight_name}'.")
+
+    @staticmethod
+    def _copy_cell_state(old: nn.Cell, new: ThorLayer) -> None:
+        """Carry over the training mode and mixed-precision flags (to_float / amp) of the plain layer."""
+        flags = getattr(old, "_func_graph_flags", {}) or {}
+        precision = {k: v for k, v in flags.items() if k in _PRECISION_FLAGS and v}
+        if precision:
+            new.add_flags_recursive(**precision)
+        new.set_train(old.training)
+
+    @staticmethod
+    def _swap_child(parent: nn.Cell, key: str, old: nn.Cell, new: nn.Cell) -> None:
+        """Put ``new`` where ``parent`` holds ``old``: its child table and plain Python references to it
+        (``SequentialCell.cell_list`` and other lists or tuples of cells), without renaming Parameters."""
+        parent._cells[key] = new  # pylint: disable=protected-access
+        for attr, value in list(parent.__dict__.items()):
+            if attr in ("_cells", "_params"):
+                continue
+            if value is old:
+                object.__setattr__(parent, attr, new)
+            elif isinstance(value, list) and any(item is old for item in value):
+                for i, item in enumerate(value):
+                    if item is old:
+                        value[i] = new
+            elif isinstance(value, tuple) and any(item is old for item in value):
+                object.__setattr__(parent, attr, tuple(new if item is old else item for item in value))
