@@ -14,7 +14,11 @@ filter, ``scale_grad`` and ``global_step``. :class:`OptimizerBase` keeps all of 
    MindSpore compiles to a runtime check in graph mode; the failing step changes nothing (no
    parameter, state or ``global_step`` update). The list keeps MindSpore's Parameter name
    (``learning_rate``, ``learning_rate_group_<i>``) so checkpoints still load in both libraries.
-3. Two helpers that remove the ``is_group`` / ``is_group_lr`` branches from every ``construct``:
+3. ``gradients_centralization`` from plain ops: MindSpore's ``Centralization`` primitive has no CPU
+   kernel, so groups with ``grad_centralization=True`` fail on CPU with MindSpore's base method.
+   Same rule: a gradient of rank > 1 whose second dimension is a multiple of 16 loses its mean
+   over all axes but the first; other gradients pass unchanged.
+4. Two helpers that remove the ``is_group`` / ``is_group_lr`` branches from every ``construct``:
    :meth:`OptimizerBase.lr_per_param` and :meth:`OptimizerBase.weight_decay_per_param` give one
    entry per parameter, in ``self._parameters`` order.
 """
@@ -25,6 +29,8 @@ from typing import Any, List, Tuple
 
 import mindspore.common.dtype as mstype
 from mindspore import Parameter, Tensor, nn, ops
+from mindspore.ops import composite as C
+from mindspore.ops import functional as F
 from mindspore.nn.learning_rate_schedule import LearningRateSchedule
 
 from ms_optim import _validation as v
@@ -112,6 +118,19 @@ def check_weight_decay(weight_decay: Any, cls_name: str, name: str = "weight_dec
     return weight_decay
 
 
+_centralize = C.MultitypeFuncGraph("ms_optim_base_centralize")
+_mean_keep_dims = ops.ReduceMean(keep_dims=True)
+
+
+@_centralize.register("Bool", "Tensor")
+def _centralize_tensor(flag: bool, gradient: Tensor) -> Tensor:
+    """g - mean(g over axes 1..) for rank > 1 and shape[1] % 16 == 0 when ``flag``; else g."""
+    rank = len(F.shape(gradient))
+    if flag and rank > 1 and F.shape(gradient)[1] % 16 == 0:
+        return gradient - _mean_keep_dims(gradient, tuple(range(1, rank)))
+    return gradient
+
+
 class _CheckedListLearningRate(_ListScheduleBase):
     """A per-step learning-rate list that raises a clear error past its end (both execution modes).
 
@@ -161,6 +180,12 @@ class OptimizerBase(nn.Optimizer):
         if isinstance(learning_rate, Tensor) and learning_rate.ndim == 1:
             return _CheckedListLearningRate(learning_rate, name, self.cls_name)
         return super()._build_single_lr(learning_rate, name)
+
+    def gradients_centralization(self, gradients: Tuple[Tensor, ...]) -> Tuple[Tensor, ...]:
+        """Centralize the gradients of groups with ``grad_centralization`` (portable, see module doc)."""
+        if self.is_group:
+            return self.map_(_centralize, self.grad_centralization_flags, gradients)
+        return gradients
 
     def lr_per_param(self, lrs: Any) -> Tuple[Tensor, ...]:
         """``lrs`` from :meth:`get_lr` as one learning rate per parameter (grouped or not)."""
