@@ -13,6 +13,7 @@ from mindspore.ops import functional as F
 from mindspore.nn.learning_rate_schedule import LearningRateSchedule
 
 from ms_optim import _validation as V
+from ms_optim.optim import _fused
 from ms_optim.optim._base import OptimizerBase
 from ms_optim.optim._trust_ratio import l2_norm, trust_ratio
 
@@ -53,6 +54,12 @@ def _lamb_step_tensor(beta1, beta2, eps, bias1, bias2, lr, weight_decay, decay_f
     m_new = F.depend(m_new, F.assign(m, F.cast(m_new, F.dtype(m))))
     v_new = F.depend(v_new, F.assign(v, F.cast(v_new, F.dtype(v))))
     return F.depend(True, F.assign(weight, F.cast(w_new, dtype)))
+
+
+@_lamb_step.register("Function", "Tensor", "Tensor", "Tensor", "Tensor", "Tensor", "Tensor", "Tensor")
+def _lamb_step_fused(kernel, hyper, lr, weight_decay, weight, m, v, gradient):
+    """One Lamb step for one parameter in the fused CPU kernel (updates weight, m, v in place)."""
+    return F.depend(True, kernel(weight, m, v, F.cast(gradient, ms.float32), lr, weight_decay, hyper))
 
 
 class Lamb(OptimizerBase):
@@ -137,6 +144,12 @@ class Lamb(OptimizerBase):
         self.params = self._parameters
         self.moments1 = self.params.clone(prefix="lamb_m", init="zeros")
         self.moments2 = self.params.clone(prefix="lamb_v", init="zeros")
+        # The fused CPU kernel (ms_optim.optim._fused) where it applies, else the composite ops.
+        kernel = None
+        if _fused.fused_enabled() and all(p.dtype == ms.float32 for p in self.params):
+            kernel = _fused.lamb_op()
+        self.use_fused = kernel is not None
+        self.fused_kernel = kernel
 
     def gradients_centralization(self, gradients):
         """Centralize the gradients of groups with ``grad_centralization`` (portable version)."""
@@ -157,5 +170,9 @@ class Lamb(OptimizerBase):
         self.assignadd(self.global_step, self.global_step_increase_tensor)
         bias1 = 1.0 - ops.pow(self.beta1, t)
         bias2 = 1.0 - ops.pow(self.beta2, t)
+        if self.use_fused:
+            hyper = ops.stack((self.beta1, self.beta2, self.eps, bias1, bias2))
+            return self.hyper_map(F.partial(_lamb_step, self.fused_kernel, hyper),
+                                  lrs, wds, self.params, self.moments1, self.moments2, gradients)
         return self.hyper_map(F.partial(_lamb_step, self.beta1, self.beta2, self.eps, bias1, bias2),
                               lrs, wds, self.decay_flags, self.params, self.moments1, self.moments2, gradients)

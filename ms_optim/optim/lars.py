@@ -13,6 +13,7 @@ from mindspore.ops import composite as C
 from mindspore.ops import functional as F
 
 from ms_optim import _validation as V
+from ms_optim.optim import _fused
 from ms_optim.optim._base import OptimizerBase
 from ms_optim.optim._trust_ratio import l2_norm, trust_ratio
 
@@ -85,6 +86,33 @@ def _lars_gradient_tensor(epsilon, coefficient, use_clip, lr, weight_decay, deca
             ratio = ops.minimum(ratio / lr, ops.ones_like(ratio))
         return F.cast(ratio * update, F.dtype(gradient))
     return gradient
+
+
+_lars_momentum = C.MultitypeFuncGraph("ms_optim_lars_momentum")
+
+
+@_lars_momentum.register("Function", "Function", "Tensor", "Tensor", "Tensor", "Tensor", "Bool", "Tensor",
+                         "Tensor", "Tensor")
+def _lars_momentum_fused(kernel, apply_momentum, hyper, momentum, lr, weight_decay, lars_flag, weight, accum,
+                         gradient):
+    """LARS + Momentum for one parameter: the fused kernel for a kept parameter, MindSpore's own
+    ApplyMomentum (what nn.Momentum runs) for a rejected one."""
+    if lars_flag:
+        return F.depend(True, kernel(weight, accum, gradient, lr, weight_decay, momentum, hyper))
+    return F.depend(True, apply_momentum(weight, accum, lr, gradient, momentum))
+
+
+def _fusable_momentum(optimizer: nn.Optimizer) -> bool:
+    """Whether LARS may run ``optimizer``'s update itself in the fused kernel: exactly
+    ``mindspore.nn.Momentum`` (not a subclass, whose update may differ), float32 parameters, no
+    gradient centralization, and the fused kernels available on this device."""
+    if type(optimizer) is not nn.Momentum:  # pylint: disable=unidiomatic-typecheck
+        return False
+    if optimizer.is_group and any(optimizer.grad_centralization_flags):
+        return False
+    if not all(p.dtype == ms.float32 for p in optimizer.parameters):
+        return False
+    return _fused.fused_enabled()
 
 
 class LARS(OptimizerBase):
@@ -184,6 +212,14 @@ class LARS(OptimizerBase):
         self.coefficient = Tensor(coefficient, ms.float32)
         self.use_clip = use_clip
         self.lars_flag = tuple(bool(lars_filter(param)) for param in self.parameters)
+        # Around nn.Momentum on CPU: ratio, decay and momentum step in one fused kernel per parameter
+        # (ms_optim.optim._fused), the same arithmetic as the composite path below.
+        kernel = _fused.lars_momentum_op(optimizer.use_nesterov) if _fusable_momentum(optimizer) else None
+        self.use_fused = kernel is not None
+        if self.use_fused:
+            self.fused_kernel = kernel
+            self.apply_momentum = optimizer.opt  # the wrapped Momentum's own ApplyMomentum primitive
+            self.fused_hyper = Tensor([coefficient, epsilon, 1.0 if use_clip else 0.0], ms.float32)
 
     @property
     def optimizer(self) -> nn.Optimizer:
@@ -196,6 +232,12 @@ class LARS(OptimizerBase):
         lrs = self.lr_per_param(self.get_lr())
         wds = self.weight_decay_per_param()  # the wrapped optimizer's, loss scale divided out
         gradients = self.scale_grad(gradients)
+        if self.use_fused:
+            # the wrapped Momentum's own bookkeeping: it advances global_step after reading its lr
+            self.assignadd(self.global_step, self.global_step_increase_tensor)
+            return self.hyper_map(F.partial(_lars_momentum, self.fused_kernel, self.apply_momentum, self.fused_hyper,
+                                            self.opt.momentum),
+                                  lrs, wds, self.lars_flag, self.parameters, self.opt.moments, gradients)
         gradients = self.hyper_map(F.partial(_lars_gradient, self.epsilon, self.coefficient, self.use_clip),
                                    lrs, wds, self.decay_flags, self.lars_flag, self.parameters, gradients)
         return self.opt(gradients)
