@@ -128,7 +128,6 @@ MLP_CASES = {
 }
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("case", sorted(MLP_CASES))
 def test_mlp_matches_reference(mode, rng, case):
     spec = MLP_CASES[case]
@@ -156,7 +155,6 @@ def test_mlp_matches_reference(mode, rng, case):
         cell(Tensor(x), Tensor(y))
 
 
-@pytest.mark.slow
 def test_loss_scale_128_equals_loss_scale_1(mode, rng):
     """sens 128 + loss_scale=128 (FixedLossScaleManager(128, drop_overflow_update=False)'s training
     cell) follows the oracle, which is the loss_scale 1 trajectory, and equals a loss_scale 1 run."""
@@ -176,7 +174,6 @@ def test_loss_scale_128_equals_loss_scale_1(mode, rng):
 
 
 # ----------------------------------------------------------------------------------- conv
-@pytest.mark.slow
 def test_conv_matches_reference(mode, rng):
     steps = 5
     net = ConvNet()
@@ -193,7 +190,6 @@ def test_conv_matches_reference(mode, rng):
 
 
 # ----------------------------------------------------------------------------------- embedding
-@pytest.mark.slow
 def test_embedding_dense_layernorm_matches_reference(mode, rng):
     steps = 5
     net = EmbedNet()
