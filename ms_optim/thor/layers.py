@@ -262,8 +262,9 @@ class ThorLayer(nn.Cell):
         """Put the plain layer's Parameter object itself (name, value, dtype kept) under ``attr``."""
         if attr in self._params:
             del self._params[attr]
+        self.__dict__.pop(attr, None)
         if param is None:
-            self._params[attr] = None
+            object.__setattr__(self, attr, None)  # as nn.Dense/nn.Conv2d hold "no bias"
         else:
             self.insert_param_to_cell(attr, param)
 
