@@ -1,11 +1,13 @@
 """ms_optim.nn.Lamb against the float64 NumPy reference (tests/reference/lamb_ref.py), step by step."""
 import inspect
+import shutil
 
 import mindspore as ms
 import numpy as np
 import pytest
 from mindspore import Parameter, Tensor, nn, ops
 
+from ms_optim.optim import _fused
 from ms_optim.nn import Lamb
 from reference.lamb_ref import LambReference, centralize
 
@@ -13,6 +15,23 @@ RTOL = 1e-4
 # Elements that the update carries close to 0 from |w| ~ 1 keep float32's absolute rounding
 # (~1e-7 per op), which no relative tolerance covers; a wrong update moves w by ~lr*|w| >> 1e-6.
 ATOL_W = 1e-6
+
+
+@pytest.fixture(params=["fused", "composite"])
+def path(request, monkeypatch):
+    """Run the test with the fused CPU kernels (ms_optim.optim._fused) and with the composite ops."""
+    monkeypatch.setenv("MS_OPTIM_FUSED", "1" if request.param == "fused" else "0")
+    return request.param
+
+
+def _expect_path(opt, path):
+    """The optimizer took the path asked for (fused only where the kernels could be built)."""
+    assert opt.use_fused == (path == "fused" and _fused.library_path() is not None), _fused._failed
+
+
+def test_fused_kernels_build_where_gxx_exists():
+    if shutil.which("g++") is not None:
+        assert _fused.library_path() is not None, _fused._failed
 
 
 def _params(rng, spec):
@@ -44,10 +63,10 @@ def test_signature_and_state_names():
     assert {"lamb_m.weight", "lamb_m.bias", "lamb_v.weight", "lamb_v.bias", "global_step"} <= names
 
 
-def test_groups_dynamic_list_lr_decay_and_centralization(mode, rng):
+def test_groups_dynamic_list_lr_decay_and_centralization(mode, path, rng):
     """Groups with their own lr (fixed / per-step list), weight decay, gradient centralization,
     order_params, a zero-initialised parameter (ratio 1), and a 'gamma' that decays because grouped."""
-    spec = [("conv.weight", (4, 16, 3, 3), False), ("dense.weight", (5, 6), False),
+    spec = [("conv.weight", (4, 16, 3, 3), False), ("dense.weight", (70, 61), False),
             ("dense.bias", (5,), True), ("norm.gamma", (6,), False)]
     params, arrays = _params(rng, spec)
     conv_w, dense_w, bias, gamma = params
@@ -56,6 +75,7 @@ def test_groups_dynamic_list_lr_decay_and_centralization(mode, rng):
               {"params": [bias, gamma], "lr": list_lr},
               {"order_params": [dense_w, bias, conv_w, gamma]}]
     opt = Lamb(groups, learning_rate=0.1, beta1=0.9, beta2=0.999, eps=1e-6, weight_decay=0.02)
+    _expect_path(opt, path)
     order = [p.name for p in opt.parameters]
     assert order == ["dense.weight", "dense.bias", "conv.weight", "norm.gamma"]
     by_name = {n: a for (n, _, _), a in zip(spec, arrays)}
@@ -78,13 +98,14 @@ class _StepWeightDecay(nn.Cell):
         return ops.cast(global_step, ms.float32) * 0.01 + 0.02
 
 
-def test_schedule_lr_cell_weight_decay_default_filter_zero_norms(mode, rng):
+def test_schedule_lr_cell_weight_decay_default_filter_zero_norms(mode, path, rng):
     """Ungrouped: LearningRateSchedule, weight decay Cell, no decay on beta/gamma names, a zero
     gradient without decay (||r|| = 0 -> ratio 1, no change) and a zero weight (ratio 1)."""
     spec = [("w", (8, 3), False), ("ln.gamma", (3,), False), ("ln.beta", (3,), False), ("zero_w", (4,), True)]
     params, arrays = _params(rng, spec)
     schedule = nn.ExponentialDecayLR(0.1, 0.9, 1)
     opt = Lamb(params, learning_rate=schedule, beta1=0.8, beta2=0.99, eps=1e-4, weight_decay=_StepWeightDecay())
+    _expect_path(opt, path)
     ref = LambReference(arrays, beta1=0.8, beta2=0.99, eps=1e-4)
     for step in range(3):
         grads = [rng.standard_normal(a.shape).astype(np.float32) for a in arrays]

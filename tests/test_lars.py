@@ -8,6 +8,7 @@ import pytest
 from mindspore import Parameter, Tensor, nn, ops
 from mindspore.nn.learning_rate_schedule import LearningRateSchedule
 
+from ms_optim.optim import _fused
 from ms_optim.nn import LARS, Lamb
 from ms_optim.optim.lars import default_lars_filter
 from reference.lamb_ref import LambReference
@@ -17,6 +18,18 @@ RTOL = 1e-4
 # Elements that the update carries close to 0 from |w| ~ 1 keep float32's absolute rounding
 # (~1e-7 per op), which no relative tolerance covers; a wrong update moves w by >> 1e-6.
 ATOL_W = 1e-6
+
+
+@pytest.fixture(params=["fused", "composite"])
+def path(request, monkeypatch):
+    """Run the test with the fused CPU kernels (ms_optim.optim._fused) and with the composite ops."""
+    monkeypatch.setenv("MS_OPTIM_FUSED", "1" if request.param == "fused" else "0")
+    return request.param
+
+
+def _expect_path(opt, path):
+    """The optimizer took the path asked for (fused only where the kernels could be built)."""
+    assert opt.use_fused == (path == "fused" and _fused.library_path() is not None), _fused._failed
 
 
 def _params(rng, spec):
@@ -53,15 +66,29 @@ def test_signature_and_default_filter():
     assert keep == [True, False, False, True]
 
 
-def test_momentum_groups_custom_filter_loss_scale(mode, rng):
+@pytest.mark.parametrize("nesterov", [False, True])
+def test_momentum_reference_is_mindspore_momentum(mode, rng, nesterov):
+    """The Momentum oracle the LARS tests build on follows nn.Momentum itself (incl. its Nesterov)."""
+    params, arrays = _params(rng, [("w", (4, 3), False)])
+    opt = nn.Momentum(params, learning_rate=[0.5, 0.3, 0.2], momentum=0.9, use_nesterov=nesterov)
+    ref = MomentumReference(arrays, 0.9, use_nesterov=nesterov)
+    for step, lr in enumerate([0.5, 0.3, 0.2]):
+        grads = [rng.standard_normal(a.shape).astype(np.float32) for a in arrays]
+        opt(tuple(Tensor(g) for g in grads))
+        ref.step(grads, [lr], [0.0])
+        _check(params, ref.w, step + 1)
+
+
+def test_momentum_groups_custom_filter_loss_scale(mode, path, rng):
     """Momentum with groups (own lr and weight decay; one group without decay), loss_scale 8,
     a custom filter (keeps the bias, rejects the gamma), a zero weight (ratio 1)."""
-    spec = [("fc1.weight", (6, 5), False), ("fc1.bias", (6,), False), ("fc2.weight", (3, 6), True),
+    spec = [("fc1.weight", (90, 50), False), ("fc1.bias", (6,), False), ("fc2.weight", (3, 6), True),
             ("ln.gamma", (6,), False)]
     params, arrays = _params(rng, spec)
     groups = [{"params": params[:2], "lr": 0.1, "weight_decay": 0.01}, {"params": params[2:], "lr": 0.05}]
     inner = nn.Momentum(groups, learning_rate=0.2, momentum=0.9, weight_decay=0.0, loss_scale=8.0)
     opt = LARS(inner, epsilon=1e-6, coefficient=0.02, lars_filter=lambda p: "gamma" not in p.name)
+    _expect_path(opt, path)
     ref = LarsReference(MomentumReference(arrays, 0.9), keep=[True, True, True, False], coefficient=0.02,
                         epsilon=1e-6)
     for step in range(3):
@@ -92,12 +119,32 @@ def test_sgd_use_clip_list_lr_default_filters(mode, rng):
         _check(params, ref.w, step + 1)
 
 
-def test_wraps_ms_optim_lamb_with_schedule(mode, rng):
+def test_momentum_nesterov_use_clip_list_lr(mode, path, rng):
+    """Nesterov Momentum, a per-step lr list, use_clip (one ratio clipped to 1, one not), weight
+    decay with the default beta/gamma filter, LARS's default filter (bias rejected)."""
+    spec = [("w", (40, 30), False), ("v", (5, 5), False), ("bias", (5,), False), ("bn.gamma", (5,), False)]
+    params, arrays = _params(rng, spec)
+    lrs = [0.5, 0.3, 0.2]
+    inner = nn.Momentum(params, learning_rate=lrs, momentum=0.9, weight_decay=0.001, use_nesterov=True)
+    opt = LARS(inner, epsilon=1e-5, coefficient=1.0, use_clip=True)
+    _expect_path(opt, path)
+    ref = LarsReference(MomentumReference(arrays, 0.9, use_nesterov=True), keep=[True, True, False, True],
+                        coefficient=1.0, epsilon=1e-5, use_clip=True)
+    for step in range(3):
+        grads = [rng.standard_normal(a.shape).astype(np.float32) for a in arrays]
+        grads[0] *= 10.0  # ||w|| / ||g|| ~ 0.1: c / lr < 1, not clipped
+        opt(tuple(Tensor(g) for g in grads))
+        ref.step(grads, [lrs[step]] * 4, [0.001, 0.001, 0.001, 0.0])
+        _check(params, ref.w, step + 1)
+
+
+def test_wraps_ms_optim_lamb_with_schedule(mode, path, rng):
     """LARS around ms_optim's Lamb (decay taken over by LARS), lr from a LearningRateSchedule."""
     spec = [("dense.weight", (7, 5), False), ("dense.bias", (7,), False)]
     params, arrays = _params(rng, spec)
     inner = Lamb(params, learning_rate=_InverseTimeLR(0.05), weight_decay=0.01)
     opt = LARS(inner, epsilon=1e-5, coefficient=0.01)
+    _expect_path(inner, path)
     ref = LarsReference(LambReference(arrays), keep=[True, False], coefficient=0.01, epsilon=1e-5)
     for step in range(3):
         grads = [rng.standard_normal(a.shape).astype(np.float32) for a in arrays]
@@ -107,7 +154,7 @@ def test_wraps_ms_optim_lamb_with_schedule(mode, rng):
         np.testing.assert_allclose(inner.moments1[0].asnumpy(), ref.inner.m[0], rtol=RTOL, atol=1e-7)
 
 
-def test_filter_rejecting_all_is_the_inner_optimizer(mode, rng):
+def test_filter_rejecting_all_is_the_inner_optimizer(mode, path, rng):
     """Degenerate case: nothing passes the filter -> exactly the wrapped optimizer alone."""
     spec = [("a.weight", (6, 4), False), ("a.bias", (6,), False)]
     params_a, arrays = _params(rng, spec)
@@ -115,6 +162,7 @@ def test_filter_rejecting_all_is_the_inner_optimizer(mode, rng):
     alone = nn.Momentum(params_a, learning_rate=0.1, momentum=0.9, use_nesterov=True)
     wrapped = LARS(nn.Momentum(params_b, learning_rate=0.1, momentum=0.9, use_nesterov=True),
                    lars_filter=lambda p: False)
+    _expect_path(wrapped, path)
     for step in range(3):
         grads = tuple(Tensor(rng.standard_normal(a.shape).astype(np.float32)) for a in arrays)
         alone(grads)
@@ -123,7 +171,7 @@ def test_filter_rejecting_all_is_the_inner_optimizer(mode, rng):
             np.testing.assert_array_equal(pb.asnumpy(), pa.asnumpy(), err_msg=f"{pa.name} step {step + 1}")
 
 
-def test_wrapped_optimizer_is_not_modified(mode, rng):
+def test_wrapped_optimizer_is_not_modified(mode, path, rng):
     """The user's optimizer keeps its weight decay: used alone between LARS steps it still decays,
     LARS and it share one state, and LARS exposes its parameters, learning rate and step."""
     spec = [("fc.weight", (5, 4), False), ("fc.bias", (5,), False)]
@@ -132,6 +180,7 @@ def test_wrapped_optimizer_is_not_modified(mode, rng):
     before = (inner.decay_flags, inner.exec_weight_decay, inner.dynamic_weight_decay, inner.need_scale,
               float(inner.weight_decay.asnumpy()))
     opt = LARS(inner, epsilon=1e-5, coefficient=0.01)
+    _expect_path(opt, path)
     assert opt.optimizer is inner
     assert tuple(opt.parameters) == tuple(inner.parameters)
     assert opt.learning_rate is inner.learning_rate and opt.global_step is inner.global_step

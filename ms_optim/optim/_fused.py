@@ -10,7 +10,8 @@ two kernels here do the same arithmetic in the fewest passes the math allows:
   Momentum needs 5).
 - ``MsOptimLarsMomentum[Nesterov](w, accum, g, lr, wd, momentum, hyper=[coefficient, epsilon,
   use_clip])``: pass 1 accumulates ``||w||^2`` and ``||g||^2``; pass 2 applies
-  ``accum = momentum*accum + c*(g + wd*w)`` and the (Nesterov) momentum step (7 passes).
+  ``accum = momentum*accum + c*(g + wd*w)`` and the momentum step, Nesterov as MindSpore's CPU
+  ``ApplyMomentum`` runs it (7 passes).
 
 Both are ``ops.Custom`` operators of type ``"aot"``: C++ compiled with the machine's ``g++`` at
 first use into a cache directory (``$MS_OPTIM_CACHE_DIR``, default ``~/.cache/ms_optim``), keyed
@@ -148,10 +149,12 @@ static MS_OPTIM_CLONES int LarsMomentum(int nparam, void **params, int *ndims, i
   }
   if (nesterov) {
     for (int64_t i = 0; i < n; ++i) {
+      // as MindSpore's CPU ApplyMomentum runs Nesterov (measured): the step uses the accumulation
+      // from before this update, w -= lr * (g + momentum * accum_old)
       const float gi = c * (g[i] + wd * w[i]);
-      const float ai = mom * a[i] + gi;
-      a[i] = ai;
-      w[i] -= gi * lr + ai * mom * lr;
+      const float a_old = a[i];
+      a[i] = mom * a_old + gi;
+      w[i] -= lr * (gi + mom * a_old);
     }
   } else {
     for (int64_t i = 0; i < n; ++i) {

@@ -33,8 +33,9 @@ def lars_gradient(w: np.ndarray, g: np.ndarray, lr: float, wd: float, coefficien
 
 
 class MomentumReference:
-    """mindspore.nn.Momentum as documented: g += wd*w; m = momentum*m + g; w -= lr*m
-    (Nesterov: w -= lr*(g + momentum*m))."""
+    """mindspore.nn.Momentum: g += wd*w; m_new = momentum*m + g; w -= lr*m_new. With Nesterov, as
+    MindSpore 2.10's CPU ApplyMomentum kernel runs it (measured, see the test of this reference):
+    w -= lr*(g + momentum*m_old), with the accumulation from before the update."""
 
     def __init__(self, params: Sequence[np.ndarray], momentum: float, use_nesterov: bool = False):
         self.w: List[np.ndarray] = [np.asarray(p, np.float64).copy() for p in params]
@@ -44,8 +45,9 @@ class MomentumReference:
     def step(self, grads: Sequence[np.ndarray], lrs: Sequence[float], wds: Sequence[float]) -> List[np.ndarray]:
         for i, g in enumerate(grads):
             g = np.asarray(g, np.float64) + wds[i] * self.w[i]
-            self.m[i] = self.momentum * self.m[i] + g
-            delta = g + self.momentum * self.m[i] if self.nesterov else self.m[i]
+            m_old = self.m[i]
+            self.m[i] = self.momentum * m_old + g
+            delta = g + self.momentum * m_old if self.nesterov else self.m[i]
             self.w[i] = self.w[i] - lrs[i] * delta
         return self.w
 
