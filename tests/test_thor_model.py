@@ -226,3 +226,132 @@ def test_convert_returns_model_unchanged_for_other_optimizers():
     assert ConvertModelUtils.convert_to_thor_model(model, net, _loss(), opt) is model
     assert ConvertModelUtils().convert_to_thor_model(model, network=net, loss_fn=_loss(), optimizer=opt) is model
     assert ConvertModelUtils.convert_to_thor_model(model, net) is model
+
+
+# --------------------------------------------------------------------------- THOR
+def _thor_mlp(frequency=4, seed=0, **kwargs):
+    from ms_optim.nn import thor
+
+    ms.set_seed(seed)
+    net = _MLP()
+    steps = 64
+    opt = thor(net, Tensor(np.full((steps,), 0.05, np.float32)), Tensor(np.full((steps,), 0.03, np.float32)), 0.9,
+               weight_decay=1e-4, batch_size=BATCH, frequency=frequency, **kwargs)
+    return net, opt
+
+
+def _batch_a(x, step):
+    """fc1's input factor A = a^T a / B of the batch trained at ``step`` (fc1 sees the raw input)."""
+    b = step % (N_SAMPLES // BATCH)
+    a = x[b * BATCH:(b + 1) * BATCH].astype(np.float64)
+    return a.T @ a / BATCH
+
+
+def test_thor_schedule_in_sink_loop_with_unaligned_sink_size(mode):
+    """frequency 4, sink_size 3: THOR steps 0, 4, 8 inside sinks [0-2], [3-5], [6-8], [9-11]. fc1's factor
+    at each sink end is that of the last THOR step's batch, and the parameters equal a plain
+    TrainOneStepCell loop over the same 12 batches."""
+    x, y = _data()
+    ref_net, ref_opt = _thor_mlp()
+    step = nn.TrainOneStepCell(nn.WithLossCell(ref_net, _loss()), ref_opt).set_train()
+    for s in range(12):
+        b = s % 5
+        step(Tensor(x[b * BATCH:(b + 1) * BATCH]), Tensor(y[b * BATCH:(b + 1) * BATCH]))
+
+    net, opt = _thor_mlp()
+    seen = []
+
+    class _Spy(Callback):
+        def on_train_step_end(self, run_context):
+            seen.append((run_context.original_args().cur_step_num, net.fc1.matrix_a_cov.asnumpy().copy(),
+                         int(opt.global_step.asnumpy().reshape(-1)[0])))
+
+    model = ConvertModelUtils.convert_to_thor_model(Model(net, _loss(), opt), net, loss_fn=_loss(), optimizer=opt)
+    assert isinstance(model, ModelThor) and model.frequency == 4
+    model.train(4, _dataset(x, y), callbacks=[_Spy()], dataset_sink_mode=True, sink_size=3)
+    assert [s[0] for s in seen] == [3, 6, 9, 12] and [s[2] for s in seen] == [3, 6, 9, 12]
+    for (_, a_cov, _), last_thor_step in zip(seen, (0, 4, 8, 8)):
+        np.testing.assert_allclose(a_cov, _batch_a(x, last_thor_step), rtol=1e-5, atol=1e-6)
+    for name, value in _params(ref_net).items():
+        np.testing.assert_allclose(_params(net)[name], value, rtol=1e-5, atol=1e-7, err_msg=name)
+
+
+def test_thor_sink_equals_non_sink():
+    ms.set_context(mode=ms.GRAPH_MODE)
+    x, y = _data()
+    finals = []
+    for sink, sink_size, epochs in ((False, -1, 2), (True, 2, 5), (True, -1, 2)):
+        net, opt = _thor_mlp(frequency=3)
+        model = ConvertModelUtils.convert_to_thor_model(None, net, loss_fn=_loss(), optimizer=opt, metrics={"acc"})
+        model.train(epochs, _dataset(x, y), dataset_sink_mode=sink, sink_size=sink_size)
+        assert int(opt.global_step.asnumpy().reshape(-1)[0]) == 10
+        np.testing.assert_allclose(net.fc1.matrix_a_cov.asnumpy(), _batch_a(x, 9), rtol=1e-5, atol=1e-6)
+        finals.append(_params(net))
+        assert 0.0 <= model.eval(_dataset(x, y))["acc"] <= 1.0
+    for other in finals[1:]:
+        for name, value in finals[0].items():
+            np.testing.assert_array_equal(other[name], value, err_msg=name)
+
+
+def test_convert_to_thor_model_static_and_instance_and_train_cell():
+    ms.set_context(mode=ms.GRAPH_MODE)
+    net, opt = _thor_mlp()
+    model = Model(net, _loss(), opt)
+    a = ConvertModelUtils.convert_to_thor_model(model, net, loss_fn=_loss(), optimizer=opt)
+    b = ConvertModelUtils().convert_to_thor_model(model, network=net, loss_fn=_loss(), optimizer=opt)
+    assert isinstance(a, ModelThor) and isinstance(b, ModelThor) and a is not model
+    train_cell = nn.TrainOneStepCell(nn.WithLossCell(net, _loss()), opt)
+    c = ConvertModelUtils.convert_to_thor_model(Model(train_cell), train_cell)
+    assert isinstance(c, ModelThor) and c.frequency == 4
+    import inspect
+    params = list(inspect.signature(ConvertModelUtils.convert_to_thor_model).parameters.items())
+    assert [(k, v.default) for k, v in params] == [
+        ("model", inspect.Parameter.empty), ("network", inspect.Parameter.empty), ("loss_fn", None),
+        ("optimizer", None), ("metrics", None), ("amp_level", "O0"), ("loss_scale_manager", None),
+        ("keep_batchnorm_fp32", False)]
+
+
+@pytest.mark.slow
+def test_docs_example_runs_on_cpu(capsys):
+    """MindSpore's ConvertModelUtils example, imports switched to ms_optim, LeNet5 on digits; then eval.
+    The same run without sink gives identical parameters."""
+    from mindspore.train import Model as MsModel  # noqa: F401  (the docs write ms.train.Model)
+
+    from model_zoo.lenet.dataset import create_dataset as make_ds, load_digits_32
+    from model_zoo.lenet.lenet import LeNet5
+    from ms_optim.nn import thor
+    from ms_optim.train_thor import ConvertModelUtils as DocsConvert
+
+    ms.set_context(mode=ms.GRAPH_MODE)
+    x_tr, y_tr, x_te, y_te = load_digits_32()
+    finals = []
+    for sink in (True, False):
+        ms.set_seed(0)
+        net = LeNet5()
+        dataset = make_ds(x_tr[:256], y_tr[:256], batch_size=32, shuffle=False)
+        temp = Tensor([4e-4, 1e-4, 1e-5, 1e-5], ms.float32)
+        lr, damping = temp, temp
+        opt = thor(net, lr, damping, momentum=0.9, weight_decay=1e-4, loss_scale=128, batch_size=32, frequency=4)
+        loss = nn.SoftmaxCrossEntropyWithLogits(sparse=True, reduction='mean')
+        loss_scale = ms.FixedLossScaleManager(128, drop_overflow_update=False)
+        model = ms.train.Model(net, loss_fn=loss, optimizer=opt, loss_scale_manager=loss_scale, metrics={'acc'},
+                               amp_level="O2", keep_batchnorm_fp32=False)
+        model = DocsConvert.convert_to_thor_model(model=model, network=net, loss_fn=loss, optimizer=opt,
+                                                  loss_scale_manager=loss_scale, metrics={'acc'}, amp_level="O2",
+                                                  keep_batchnorm_fp32=False)
+        loss_cb = LossMonitor()
+        if sink:
+            model.train(1, dataset, callbacks=[loss_cb], sink_size=4, dataset_sink_mode=True)
+            assert "epoch: 1 step: 4, loss is" in capsys.readouterr().out
+        else:
+            model.train(1, make_ds(x_tr[:128], y_tr[:128], batch_size=32, shuffle=False), callbacks=[loss_cb])
+        assert isinstance(model, ModelThor)
+        assert int(opt.global_step.asnumpy().reshape(-1)[0]) == 4
+        result = model.eval(make_ds(x_te, y_te, batch_size=32, shuffle=False))
+        assert set(result) == {"acc"} and 0.0 <= result["acc"] <= 1.0
+        params = {p.name: p.asnumpy() for p in net.trainable_params()}
+        assert all(np.isfinite(v).all() for v in params.values())
+        assert np.abs(net.fc1.matrix_a_cov.asnumpy()).sum() > 0  # step 0 was a THOR step
+        finals.append(params)
+    for name, value in finals[0].items():
+        np.testing.assert_array_equal(finals[1][name], value, err_msg=name)

@@ -1,0 +1,289 @@
+"""THOR benchmark: step time against MindSpore's Momentum, and time-to-accuracy on digits.
+
+Part 1, step time (GRAPH_MODE, CPU; ResNet-18 at 32x32 batch 32 and LeNet5 at 32x32 batch 32).
+Both nets start from the same weights; the Momentum net keeps MindSpore's plain layers and
+``mindspore.nn.Momentum``, the THOR net is converted by ``ms_optim.nn.thor``. Every round times, in a
+rotated order, one call of each of these (medians over rounds, so machine noise hits all alike):
+
+* ``momentum``     -- a full training step with Momentum (the baseline);
+* ``thor_step``    -- a full THOR training step at a THOR step (factors collected, inverses recomputed);
+* ``non_thor``     -- a full THOR training step between THOR steps (stored inverses reused);
+* ``fb_factors`` / ``fb_plain`` -- forward + backward of the THOR net with / without factor collection;
+* ``opt_invert`` / ``opt_reuse`` -- the THOR optimizer alone on fixed gradients, at a THOR step (damped
+  inverses of all factors) / between THOR steps.
+
+The THOR/non-THOR state is set before each call (``global_step`` 0 or 1 and the layers' ``thor_flag``),
+outside the timed region. Reported: ``non_thor / momentum`` (target <= 1.15), the amortised step at
+frequency 100, ``(thor_step + 99 * non_thor) / 100 / momentum`` (target <= 1.3), and the THOR step's
+split into factor collection (``fb_factors - fb_plain``) and inversion (``opt_invert - opt_reuse``).
+
+Part 2, time to accuracy (LeNet5 on scikit-learn digits, 32x32, 20% held out; ``model_zoo/lenet``):
+wall time of training until the held-out accuracy first reaches 97% (measured every few steps with
+the clock paused), THOR against the best of Momentum at lr {0.01, 0.03, 0.1, 0.3}; target THOR <=
+0.7x. Plot: test accuracy against training seconds.
+
+    python benchmarks/bench_thor.py            # full run (about 10-15 minutes on 2 cores)
+    python benchmarks/bench_thor.py --quick    # smoke run (LeNet only, few repeats, short runs)
+Writes ``benchmarks/results/bench_thor[_quick].json`` and ``..._steps.png`` / ``..._tta.png``.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import time
+from typing import Callable, Dict, List, Optional
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+for path in (ROOT, HERE):
+    if path not in sys.path:
+        sys.path.insert(0, path)
+
+from _common import RESULTS_DIR, bar_plot, sync, write_json  # noqa: E402
+
+TARGETS = {"non_thor_vs_momentum": 1.15, "amortised_f100_vs_momentum": 1.3, "tta_thor_vs_best_momentum": 0.7}
+MOMENTUM_LRS = (0.01, 0.03, 0.1, 0.3)
+
+
+# ----------------------------------------------------------------------------------------- nets
+def _build_net(name: str, stem: str):
+    if name == "lenet":
+        from model_zoo.lenet.lenet import LeNet5
+
+        return LeNet5(), (1, 32, 32)
+    from model_zoo.resnet.src.resnet import resnet18
+
+    return resnet18(class_num=10, stem=stem), (3, 32, 32)
+
+
+def _copy_weights(src, dst) -> None:
+    values = {p.name: p.asnumpy() for p in src.get_parameters()}
+    for p in dst.get_parameters():
+        if p.name in values:
+            p.set_data(__import__("mindspore").Tensor(values[p.name]))
+
+
+def _time_rounds(candidates: Dict[str, Callable[[], None]], prepare: Dict[str, Callable[[], None]],
+                 repeats: int, warmup: int) -> Dict[str, Dict[str, float]]:
+    """Interleaved timing with per-candidate state preparation outside the timed region."""
+    names = list(candidates)
+    for name in names:
+        for _ in range(warmup):
+            prepare.get(name, lambda: None)()
+            candidates[name]()
+            sync()
+    samples: Dict[str, List[float]] = {n: [] for n in names}
+    for r in range(repeats):
+        shift = r % len(names)
+        for name in names[shift:] + names[:shift]:
+            prepare.get(name, lambda: None)()
+            sync()
+            start = time.perf_counter()
+            candidates[name]()
+            sync()
+            samples[name].append((time.perf_counter() - start) * 1e3)
+    out = {}
+    for name, values in samples.items():
+        q = statistics.quantiles(values, n=4) if len(values) > 1 else [values[0]] * 3
+        out[name] = {"median_ms": statistics.median(values), "p25_ms": q[0], "p75_ms": q[2],
+                     "min_ms": min(values), "n": len(values)}
+    return out
+
+
+def step_benchmark(net_name: str, batch: int, repeats: int, warmup: int, stem: str) -> Dict:
+    """Time Momentum and THOR steps (and the THOR step's parts) on one net; return medians and ratios."""
+    import numpy as np
+    import mindspore as ms
+    from mindspore import Tensor, nn
+
+    from ms_optim.nn import thor
+    from ms_optim.thor.layers import ThorLayer
+
+    ms.set_context(mode=ms.GRAPH_MODE, device_target="CPU")
+    ms.set_seed(0)
+    plain, shape = _build_net(net_name, stem)
+    ms.set_seed(0)
+    net, _ = _build_net(net_name, stem)
+    _copy_weights(plain, net)
+    rng = np.random.default_rng(0)
+    x = Tensor(rng.normal(size=(batch,) + shape).astype(np.float32))
+    y = Tensor(rng.integers(0, 10, size=(batch,)).astype(np.int32))
+
+    def loss_fn():
+        return nn.SoftmaxCrossEntropyWithLogits(sparse=True, reduction="mean")
+
+    mom = nn.Momentum(plain.trainable_params(), 0.01, 0.9)
+    mom_step = nn.TrainOneStepCell(nn.WithLossCell(plain, loss_fn()), mom)
+    steps = 1 << 20
+    opt = thor(net, Tensor(np.full((steps,), 0.01, np.float32)), Tensor(np.full((steps,), 0.03, np.float32)), 0.9,
+               weight_decay=1e-4, batch_size=batch, frequency=100)
+    loss_net = nn.WithLossCell(net, loss_fn())
+    thor_step = nn.TrainOneStepCell(loss_net, opt)
+    layers = [c for _, c in net.cells_and_names() if isinstance(c, ThorLayer)]
+    grad_fn = ms.jit(ms.value_and_grad(loss_net, None, ms.ParameterTuple(net.trainable_params())))
+    grads = tuple(Tensor(g.asnumpy()) for g in grad_fn(x, y)[1])
+    on, off = Tensor(True), Tensor(False)
+
+    def state(step: int, flags: bool):
+        def prepare():
+            opt.global_step.set_data(Tensor(np.array([step], np.int32)))
+            for layer in layers:
+                layer.thor_flag.set_data(on if flags else off)
+        return prepare
+
+    mom_step.set_train(True)
+    thor_step.set_train(True)
+    candidates = {
+        "momentum": lambda: mom_step(x, y),
+        "thor_step": lambda: thor_step(x, y),
+        "non_thor": lambda: thor_step(x, y),
+        "fb_factors": lambda: grad_fn(x, y),
+        "fb_plain": lambda: grad_fn(x, y),
+        "opt_invert": lambda: opt(grads),
+        "opt_reuse": lambda: opt(grads),
+    }
+    prepare = {"thor_step": state(0, True), "non_thor": state(1, False), "fb_factors": state(1, True),
+               "fb_plain": state(1, False), "opt_invert": state(0, False), "opt_reuse": state(1, False)}
+    timings = _time_rounds(candidates, prepare, repeats, warmup)
+    med = {k: v["median_ms"] for k, v in timings.items()}
+    amortised = (med["thor_step"] + 99 * med["non_thor"]) / 100
+    return {
+        "net": net_name, "batch": batch, "input": list(shape), "stem": stem if net_name == "resnet18" else None,
+        "thor_layers": len(layers), "repeats": repeats, "timings_ms": timings,
+        "non_thor_vs_momentum": med["non_thor"] / med["momentum"],
+        "amortised_f100_ms": amortised,
+        "amortised_f100_vs_momentum": amortised / med["momentum"],
+        "thor_step_vs_momentum": med["thor_step"] / med["momentum"],
+        "thor_step_split_ms": {
+            "factor_collection": med["fb_factors"] - med["fb_plain"],
+            "inversion": med["opt_invert"] - med["opt_reuse"],
+            "rest_of_step": med["thor_step"] - (med["fb_factors"] - med["fb_plain"])
+            - (med["opt_invert"] - med["opt_reuse"]),
+        },
+    }
+
+
+# ----------------------------------------------------------------------------------- time to accuracy
+def tta_benchmark(epochs: int, max_seconds: float, eval_every: int, target: float, lrs, seed: int) -> Dict:
+    """THOR vs Momentum at each lr on LeNet5 + digits; each run stops at ``target`` or the caps."""
+    from model_zoo.lenet.train import run
+
+    runs = []
+    plan = [("thor", None)] + [("momentum", lr) for lr in lrs]
+    for name, lr in plan:
+        result = run(name, epochs=epochs, lr=lr, seed=seed, eval_every=eval_every, target=target,
+                     stop_at_target=True, quiet=True, max_seconds=max_seconds)
+        hit = result["seconds_to_target"]
+        print(f"  {name:9s} lr {result['lr']:<5g} -> {'not reached' if hit is None else f'{hit:.1f}s'} "
+              f"(acc {result['test_accuracy']:.3f} after {result['steps']} steps, {result['train_seconds']:.1f}s)",
+              flush=True)
+        runs.append(result)
+    thor_run = runs[0]
+    reached = [r for r in runs[1:] if r["seconds_to_target"] is not None]
+    best = min(reached, key=lambda r: r["seconds_to_target"]) if reached else None
+    ratio = None
+    if best is not None and thor_run["seconds_to_target"] is not None:
+        ratio = thor_run["seconds_to_target"] / best["seconds_to_target"]
+    return {"target": target, "epochs_cap": epochs, "seconds_cap": max_seconds, "eval_every": eval_every,
+            "seed": seed, "thor_seconds": thor_run["seconds_to_target"],
+            "best_momentum_lr": best["lr"] if best else None,
+            "best_momentum_seconds": best["seconds_to_target"] if best else None,
+            "tta_thor_vs_best_momentum": ratio, "runs": runs}
+
+
+def tta_plot(tta: Dict, path: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for r in tta["runs"]:
+        xs = [h["seconds"] for h in r["history"]]
+        ys = [h["test_accuracy"] for h in r["history"]]
+        style = {"linewidth": 2.2, "color": "#C44E52"} if r["optimizer"] == "thor" else {"linewidth": 1.2}
+        ax.plot(xs, ys, marker=".", label=f"{'THOR' if r['optimizer'] == 'thor' else 'Momentum'} lr {r['lr']:g}",
+                **style)
+    ax.axhline(tta["target"], color="grey", linestyle="--", linewidth=1)
+    ax.set_xlabel("training seconds (evaluation excluded)")
+    ax.set_ylabel("held-out test accuracy")
+    ax.set_ylim(0, 1)
+    ax.grid(alpha=0.3)
+    ax.legend(loc="lower right", fontsize=8)
+    ax.set_title("LeNet5 on digits (32x32), CPU: time to accuracy", fontsize=10)
+    fig.tight_layout()
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0],
+                                     formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    parser.add_argument("--quick", action="store_true", help="smoke run: LeNet only, few repeats, short runs")
+    parser.add_argument("--nets", nargs="+", choices=("resnet18", "lenet"), default=None,
+                        help="nets for the step benchmark (default resnet18 lenet; lenet with --quick)")
+    parser.add_argument("--stem", choices=("cifar", "imagenet"), default="cifar",
+                        help="ResNet-18 stem at 32x32: cifar (3x3/1 conv) or imagenet (7x7/2 + max pool)")
+    parser.add_argument("--repeats", type=int, default=None, help="timing rounds (default 15, 3 with --quick)")
+    parser.add_argument("--skip-steps", action="store_true", help="skip the step-time part")
+    parser.add_argument("--skip-tta", action="store_true", help="skip the time-to-accuracy part")
+    parser.add_argument("--tta-epochs", type=int, default=None, help="epoch cap per run (default 20, 2 quick)")
+    parser.add_argument("--tta-seconds", type=float, default=None, help="time cap per run (default 150, 20 quick)")
+    parser.add_argument("--eval-every", type=int, default=11, help="steps between accuracy measurements")
+    parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--out", default=RESULTS_DIR, help="folder for the JSON and PNG files")
+    args = parser.parse_args(argv)
+    nets = args.nets or (["lenet"] if args.quick else ["resnet18", "lenet"])
+    repeats = args.repeats or (3 if args.quick else 15)
+    suffix = "_quick" if args.quick else ""
+    payload: Dict = {"targets": TARGETS, "quick": args.quick}
+
+    if not args.skip_steps:
+        payload["steps"] = []
+        for name in nets:
+            print(f"step time: {name} (batch 32, GRAPH_MODE, {repeats} interleaved rounds)", flush=True)
+            res = step_benchmark(name, 32, repeats, 1 if args.quick else 2, args.stem)
+            t = res["timings_ms"]
+            print(f"  momentum {t['momentum']['median_ms']:.1f} ms | THOR non-THOR step {t['non_thor']['median_ms']:.1f} ms "
+                  f"({res['non_thor_vs_momentum']:.2f}x, target <= 1.15) | THOR step {t['thor_step']['median_ms']:.1f} ms "
+                  f"| amortised f=100 {res['amortised_f100_ms']:.1f} ms ({res['amortised_f100_vs_momentum']:.2f}x, "
+                  f"target <= 1.3)", flush=True)
+            split = res["thor_step_split_ms"]
+            print(f"  THOR step split: factor collection {split['factor_collection']:.1f} ms, inversion "
+                  f"{split['inversion']:.1f} ms, rest {split['rest_of_step']:.1f} ms", flush=True)
+            payload["steps"].append(res)
+        labels, values = [], []
+        for res in payload["steps"]:
+            t = res["timings_ms"]
+            for key, label in (("momentum", "Momentum"), ("non_thor", "THOR non-THOR step"),
+                               ("thor_step", "THOR step")):
+                labels.append(f"{res['net']}: {label}")
+                values.append(t[key]["median_ms"])
+            labels.append(f"{res['net']}: THOR amortised f=100")
+            values.append(res["amortised_f100_ms"])
+        bar_plot(os.path.join(args.out, f"bench_thor{suffix}_steps.png"), labels, values, "ms per step (median)",
+                 "THOR vs MindSpore Momentum, CPU, GRAPH_MODE, batch 32")
+
+    if not args.skip_tta:
+        epochs = args.tta_epochs or (2 if args.quick else 20)
+        seconds = args.tta_seconds or (20.0 if args.quick else 150.0)
+        lrs = (0.03,) if args.quick else MOMENTUM_LRS
+        print(f"time to 97%: LeNet5 on digits, THOR vs Momentum lr {list(lrs)} (caps: {epochs} epochs, {seconds:g}s)",
+              flush=True)
+        tta = tta_benchmark(epochs, seconds, args.eval_every, 0.97, lrs, args.seed)
+        payload["time_to_accuracy"] = tta
+        ratio = tta["tta_thor_vs_best_momentum"]
+        print(f"  THOR {tta['thor_seconds']}s vs best Momentum (lr {tta['best_momentum_lr']}) "
+              f"{tta['best_momentum_seconds']}s -> ratio {'n/a' if ratio is None else f'{ratio:.2f}'} (target <= 0.7)")
+        tta_plot(tta, os.path.join(args.out, f"bench_thor{suffix}_tta.png"))
+
+    path = write_json(os.path.join(args.out, f"bench_thor{suffix}.json"), payload)
+    print(f"wrote {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
