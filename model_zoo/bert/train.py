@@ -142,7 +142,7 @@ def build_optimizer(args, net_with_loss: ms_nn.Cell, total_steps: int):
 
 
 def main(argv: Optional[List[str]] = None) -> Dict:
-    """Train; returns {'losses', 'checkpoint', 'vocab', 'steps'} (also printed as JSON at the end)."""
+    """Train; returns {'losses', 'checkpoint', 'vocab', 'steps', 'network'} (a JSON summary is printed)."""
     args = parse_args(argv)
     ms.set_context(mode=ms.GRAPH_MODE if args.mode == "graph" else ms.PYNATIVE_MODE,
                    device_target=args.device_target)
@@ -197,7 +197,8 @@ def main(argv: Optional[List[str]] = None) -> Dict:
     model.train(args.epochs, dataset, callbacks=[progress, checkpoint], dataset_sink_mode=args.sink)
     final = os.path.join(args.output_dir, f"{prefix}_final.ckpt")
     ms.save_checkpoint(net_with_loss, final)
-    result = {"losses": progress.losses, "checkpoint": final, "vocab": vocab, "steps": total_steps}
+    result = {"losses": progress.losses, "checkpoint": final, "vocab": vocab, "steps": total_steps,
+              "network": net_with_loss}
     print(json.dumps({"final_loss": progress.losses[-1] if progress.losses else None, "checkpoint": final}),
           flush=True)
     return result

@@ -107,6 +107,13 @@ def test_tiny_bert_pretrains_with_each_optimizer(corpus, tmp_path, optimizer, ca
             assert not np.array_equal(got, value), f"{name} did not train"
     assert any(f.startswith(f"bert_tiny_{optimizer}-") and f.endswith(".ckpt") for f in os.listdir(out))
 
+    import ms_optim
+
+    mlm = result["network"].network
+    layers = [mlm.bert.embeddings.word_embeddings, mlm.bert.layers[0].attention.query, mlm.decoder]
+    converted = [isinstance(cell, (ms_optim.EmbeddingThor, ms_optim.DenseThor)) for cell in layers]
+    assert converted == [optimizer == "thor"] * 3
+
 
 def test_train_help_and_configs(capsys):
     train = _load("train")
