@@ -5,7 +5,9 @@ and the launchers, exact resume from a mid-run (mid-epoch, mid-THOR-cycle) check
 CPU workers ending with identical checkpoints.
 
 Training runs use ResNet-18 at width 4 on 16x16 crops, batch 4, a few steps: the code paths are the
-real ones, the sizes keep the whole module within about two minutes.
+real ones, the sizes keep the module short. Every THOR run here builds the same network graph (CIFAR
+stem, 10 classes, also for the ImageFolder data), and the runs share MindSpore's compile cache
+(MS_COMPILER_CACHE_*), so the THOR graph is compiled once, not once per process.
 """
 from __future__ import annotations
 
@@ -29,22 +31,28 @@ EVAL = os.path.join(ZOO, "eval.py")
 CONFIGS = os.path.join(ZOO, "configs")
 SCRIPTS = os.path.join(ROOT, "scripts")
 TINY = ["--width=4", "--image_size=16", "--batch_size=4", "--eval_batch_size=4", "--num_parallel_workers=1",
-        "--log_interval=1"]
+        "--log_interval=1", "--stem=cifar", "--class_num=10"]
+THOR_ARGS = ["--frequency=3", "--split_indices=10,20"]
 THOR_CIFAR = os.path.join(CONFIGS, "resnet18_cifar10_thor.yaml")
 MOM_CIFAR = os.path.join(CONFIGS, "resnet18_cifar10_momentum.yaml")
+
+
+_CACHE = {}
 
 
 @pytest.fixture(scope="module")
 def data(tmp_path_factory):
     root = tmp_path_factory.mktemp("zoo_train_data")
+    _CACHE["path"] = str(root / "compile_cache")
     return {"cifar": write_cifar10(str(root / "cifar")),
-            "images": write_image_folder(str(root / "images"), per_class=8, classes=5, size=24),
-            "images_val": write_image_folder(str(root / "images_val"), per_class=2, classes=5, size=24, seed=1)}
+            "images": write_image_folder(str(root / "images"), per_class=4, classes=10, size=24),
+            "images_val": write_image_folder(str(root / "images_val"), per_class=1, classes=10, size=24, seed=1)}
 
 
 def _run(cmd, cwd, env=None, timeout=300):
+    cache = {"MS_COMPILER_CACHE_ENABLE": "1", "MS_COMPILER_CACHE_PATH": _CACHE["path"]} if _CACHE else {}
     proc = subprocess.run(cmd, cwd=str(cwd), capture_output=True, text=True, timeout=timeout,
-                          env=dict(os.environ, PYTHON=sys.executable, **(env or {})))
+                          env=dict(os.environ, PYTHON=sys.executable, **cache, **(env or {})))
     assert proc.returncode == 0, f"{cmd}\n--- stdout\n{proc.stdout[-3000:]}\n--- stderr\n{proc.stderr[-3000:]}"
     return proc.stdout
 
@@ -68,7 +76,7 @@ def _assert_same_state(a, b):
 
 def _eval(config, data_path, ckpt, cwd, *extra):
     out = _run([sys.executable, EVAL, "--config_path", config, "--data_path", data_path, "--checkpoint_path",
-                str(ckpt), "--device_target", "CPU", *TINY[:5], *extra], cwd)
+                str(ckpt), "--device_target", "CPU", *TINY, *extra], cwd)
     match = re.search(r"top1 ([0-9.]+) top5 ([0-9.]+) images (\d+)", out)
     assert match, out
     top1, top5, images = float(match[1]), float(match[2]), int(match[3])
@@ -93,9 +101,8 @@ def test_published_architectures_build_and_convert():
     for (name, classes), count in expected.items():
         net = build_resnet(name, class_num=classes)
         assert sum(int(np.prod(p.shape)) for p in net.trainable_params()) == count, name
-        out = net(Tensor(np.zeros((1, 3, 64, 64), np.float32)))
-        assert out.shape == (1, classes)
     net = build_resnet("resnet50", class_num=1001)
+    assert net(Tensor(np.zeros((1, 3, 64, 64), np.float32))).shape == (1, 1001)
     plain = {p.name: p.asnumpy() for p in net.trainable_params()}
     lr, damping = Tensor(np.full(4, 0.01, np.float32)), Tensor(np.full(4, 0.03, np.float32))
     with pytest.raises(ValueError, match="split_indices"):
@@ -109,68 +116,69 @@ def test_published_architectures_build_and_convert():
 
 
 @pytest.mark.slow
-def test_thor_imagefolder_resume_is_exact_and_eval(tmp_path, data):
-    """THOR (frequency 3) on an ImageFolder tree: 3 epochs x 3 steps; a run resumed from the step-4
+def test_thor_cifar_resume_is_exact_and_eval(tmp_path, data):
+    """THOR (frequency 3) on CIFAR-10 binaries: 3 epochs x 3 steps; a run resumed from the step-4
     checkpoint (mid-epoch, mid-THOR-cycle) ends with exactly the same weights, factors, inverses,
     momenta and step counter as the uninterrupted run; eval reports top-1/top-5."""
-    config = os.path.join(CONFIGS, "resnet50_imagenet2012_thor_gpu.yaml")
-    extra = ["--net=resnet18", "--class_num=5", "--split_indices=0", "--frequency=3", "--epoch_size=3",
-             "--steps_per_epoch=3", "--save_checkpoint_steps=2", "--lr_end_epoch=4", "--mode=graph"]
-    full = _train(config, data["images"], tmp_path / "full", *extra, cwd=tmp_path)
+    extra = [*THOR_ARGS, "--epoch_size=3", "--steps_per_epoch=3", "--save_checkpoint_steps=2"]
+    full = _train(THOR_CIFAR, data["cifar"], tmp_path / "full", *extra, cwd=tmp_path)
     assert re.search(r"epoch 1/3 step 1/3 \(global 1\) loss [0-9.]+ lr [0-9.]+ step [0-9.]+ ms images/s", full)
     assert "epoch 3/3 done: 3 steps" in full
     saved = sorted(os.path.basename(p) for p in glob.glob(str(tmp_path / "full" / "ckpt_0" / "*.ckpt")))
     assert saved == ["resnet18-1_2.ckpt", "resnet18-2_1.ckpt", "resnet18-2_3.ckpt", "resnet18-3_2.ckpt",
                      "resnet18-3_3.ckpt"]
-    resumed = _train(config, data["images"], tmp_path / "resumed", *extra, "--resume",
+    resumed = _train(THOR_CIFAR, data["cifar"], tmp_path / "resumed", *extra, "--resume",
                      str(tmp_path / "full" / "ckpt_0" / "resnet18-2_1.ckpt"), cwd=tmp_path)
     assert "resuming at global step 4" in resumed and "(global 4)" not in resumed and "(global 5)" in resumed
-    lr_full = re.findall(r"\(global (\d+)\) loss ([0-9.]+) lr ([0-9.]+)", full)
-    lr_resumed = re.findall(r"\(global (\d+)\) loss ([0-9.]+) lr ([0-9.]+)", resumed)
-    assert lr_resumed == lr_full[4:]  # same losses and schedule, step for step
+    pattern = r"\(global (\d+)\) loss ([0-9.]+) lr ([0-9.]+)"
+    assert re.findall(pattern, resumed) == re.findall(pattern, full)[4:]  # same losses and lr, step for step
     final_full = _ckpt(tmp_path / "full" / "ckpt_0" / "resnet18-3_3.ckpt")
     _assert_same_state(final_full, _ckpt(tmp_path / "resumed" / "ckpt_0" / "resnet18-3_3.ckpt"))
     assert any("matrix_a_cov" in k for k in final_full) and int(final_full["global_step"].reshape(-1)[0]) == 9
-    _, _, images = _eval(config, data["images_val"], tmp_path / "full" / "ckpt_0" / "resnet18-3_3.ckpt", tmp_path,
-                         "--net=resnet18", "--class_num=5")
-    assert images == 10
-
-
-@pytest.mark.slow
-def test_momentum_cifar_resume_is_exact_and_eval(tmp_path, data):
-    extra = ["--epoch_size=2", "--steps_per_epoch=3", "--save_checkpoint_steps=2", "--warmup_epochs=1"]
-    _train(MOM_CIFAR, data["cifar"], tmp_path / "full", *extra, cwd=tmp_path)
-    _train(MOM_CIFAR, data["cifar"], tmp_path / "resumed", *extra, "--resume",
-           str(tmp_path / "full" / "ckpt_0" / "resnet18-1_2.ckpt"), cwd=tmp_path)
-    final = _ckpt(tmp_path / "full" / "ckpt_0" / "resnet18-2_3.ckpt")
-    _assert_same_state(final, _ckpt(tmp_path / "resumed" / "ckpt_0" / "resnet18-2_3.ckpt"))
-    assert any(k.startswith("moments.") for k in final)
-    _, _, images = _eval(MOM_CIFAR, data["cifar"], tmp_path / "full" / "ckpt_0" / "resnet18-2_3.ckpt", tmp_path,
+    _, _, images = _eval(THOR_CIFAR, data["cifar"], tmp_path / "full" / "ckpt_0" / "resnet18-3_3.ckpt", tmp_path,
                          "--eval_steps=3")
     assert images == 12
 
 
 @pytest.mark.slow
-def test_launch_scripts_thor_cifar_and_momentum_imagefolder(tmp_path, data):
-    """run_standalone_train.sh + run_eval.sh: THOR on CIFAR-10 and Momentum on an ImageFolder tree."""
+def test_momentum_imagefolder_resume_is_exact_and_eval(tmp_path, data):
+    config = os.path.join(CONFIGS, "resnet50_imagenet2012_momentum.yaml")
+    extra = ["--net=resnet18", "--epoch_size=2", "--steps_per_epoch=3", "--save_checkpoint_steps=2",
+             "--warmup_epochs=1"]
+    _train(config, data["images"], tmp_path / "full", *extra, cwd=tmp_path)
+    _train(config, data["images"], tmp_path / "resumed", *extra, "--resume",
+           str(tmp_path / "full" / "ckpt_0" / "resnet18-1_2.ckpt"), cwd=tmp_path)
+    final = _ckpt(tmp_path / "full" / "ckpt_0" / "resnet18-2_3.ckpt")
+    _assert_same_state(final, _ckpt(tmp_path / "resumed" / "ckpt_0" / "resnet18-2_3.ckpt"))
+    assert any(k.startswith("moments.") for k in final)
+    _, _, images = _eval(config, data["images_val"], tmp_path / "full" / "ckpt_0" / "resnet18-2_3.ckpt", tmp_path,
+                         "--net=resnet18")
+    assert images == 10
+
+
+@pytest.mark.slow
+def test_launch_scripts_thor_imagefolder_and_momentum_cifar(tmp_path, data):
+    """run_standalone_train.sh + run_eval.sh: THOR on an ImageFolder tree and Momentum on CIFAR-10."""
     env = {"DEVICE_TARGET": "CPU"}
-    for name, config, train_data, eval_data, extra in [
-            ("thor", THOR_CIFAR, data["cifar"], data["cifar"], ["--split_indices=5,20", "--frequency=2"]),
-            ("mom", os.path.join(CONFIGS, "resnet50_imagenet2012_momentum.yaml"), data["images"],
-             data["images_val"], ["--net=resnet18", "--class_num=5"])]:
+    for name, config, train_data, eval_data, extra, eval_images in [
+            ("thor", os.path.join(CONFIGS, "resnet50_imagenet2012_thor_ascend.yaml"), data["images"],
+             data["images_val"], ["--net=resnet18", "--lr_end_epoch=45", *THOR_ARGS], 10),
+            ("mom", MOM_CIFAR, data["cifar"], data["cifar"], ["--eval_steps=2"], 8)]:
         run_dir = tmp_path / name
+        train_extra = [e for e in extra if not e.startswith("--eval_steps")]
         out = _run(["bash", os.path.join(SCRIPTS, "run_standalone_train.sh"), train_data, config, "0", "--",
-                    *TINY, "--epoch_size=1", "--steps_per_epoch=3", *extra], tmp_path,
+                    *TINY, "--epoch_size=1", "--steps_per_epoch=3", *train_extra], tmp_path,
                    env=dict(env, RUN_DIR=str(run_dir)))
         assert "exit status 0" in out
         log = (run_dir / "train.log").read_text()
         assert "epoch 1/1 done: 3 steps" in log and "checkpoint saved" in log
         (ckpt,) = glob.glob(str(run_dir / "output" / "ckpt_0" / "resnet18-1_3.ckpt"))
         eval_dir = tmp_path / f"{name}_eval"
-        _run(["bash", os.path.join(SCRIPTS, "run_eval.sh"), eval_data, ckpt, config, "--", *TINY[:5],
-              "--eval_steps=2", *extra[:2]], tmp_path, env=dict(env, RUN_DIR=str(eval_dir)))
+        eval_extra = [e for e in extra if not e.startswith(("--frequency", "--split", "--lr_end"))]
+        _run(["bash", os.path.join(SCRIPTS, "run_eval.sh"), eval_data, ckpt, config, "--", *TINY, *eval_extra],
+             tmp_path, env=dict(env, RUN_DIR=str(eval_dir)))
         result = json.loads((eval_dir / "result.json").read_text())
-        assert 0.0 <= result["top1"] <= result["top5"] <= 1.0 and result["images"] == 8
+        assert 0.0 <= result["top1"] <= result["top5"] <= 1.0 and result["images"] == eval_images
         assert "top1" in (eval_dir / "eval.log").read_text()
 
 
@@ -182,7 +190,7 @@ def test_cpu_msrun_two_workers_thor(tmp_path, data):
         pytest.fail("msrun (installed with MindSpore) is not on PATH")
     run_dir = tmp_path / "run"
     _run(["bash", os.path.join(SCRIPTS, "run_distribute_train_cpu.sh"), "2", data["cifar"], THOR_CIFAR, "--",
-          *TINY, "--epoch_size=1", "--steps_per_epoch=3", "--frequency=2"], tmp_path,
+          *TINY, *THOR_ARGS, "--epoch_size=1", "--steps_per_epoch=3"], tmp_path,
          env={"RUN_DIR": str(run_dir)}, timeout=400)
     logs = sorted(os.path.basename(p) for p in glob.glob(str(run_dir / "log" / "worker_*.log")))
     assert logs == ["worker_0.log", "worker_1.log"]

@@ -44,7 +44,7 @@ SCHEMA: Dict[str, Key] = {
     "eval_batch_size": Key("int", 32, "images per step in eval", minimum=1),
     "num_parallel_workers": Key("int", 4, "data-pipeline worker threads", minimum=1),
     "steps_per_epoch": Key("int", 0, "0 = one pass over this rank's shard; N > 0 caps every epoch at N steps", minimum=0),
-    "dataset_sink_mode": Key("bool", True, "sink data to the device (Ascend/GPU; CPU falls back to step-by-step)"),
+    "dataset_sink_mode": Key("bool", True, "sink data to the device, callbacks once per epoch (Ascend/GPU; CPU always trains step by step)"),
     # training
     "optimizer": Key("str", "thor", "'thor' or 'momentum'", ("thor", "momentum")),
     "epoch_size": Key("int", 45, "epochs to train", minimum=1),

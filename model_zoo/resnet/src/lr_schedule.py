@@ -41,7 +41,7 @@ def momentum_lr(schedule: str, lr_max: float, lr_end: float, warmup_epochs: int,
 
 
 def thor_schedules(config: Dict[str, Any], steps_per_epoch: int) -> Tuple[np.ndarray, np.ndarray]:
-    """THOR lr (over ``lr_end_epoch`` epochs) and damping (over ``epoch_size`` epochs) from step 0.
+    """THOR lr and damping from step 0, both over ``lr_end_epoch`` epochs (>= ``epoch_size``).
 
     A resumed run uses the same arrays: the optimizer's restored ``global_step`` indexes them, so the
     schedule continues exactly where the checkpoint left it.
@@ -50,6 +50,6 @@ def thor_schedules(config: Dict[str, Any], steps_per_epoch: int) -> Tuple[np.nda
 
     lr = get_thor_lr(0, config["lr_init"], config["lr_decay"], config["lr_end_epoch"], steps_per_epoch,
                      decay_epochs=config["decay_epochs"])
-    damping = get_thor_damping(0, config["damping_init"], config["damping_decay"], config["epoch_size"],
-                               steps_per_epoch)
+    damping = get_thor_damping(0, config["damping_init"], config["damping_decay"],
+                               max(config["lr_end_epoch"], config["epoch_size"]), steps_per_epoch)
     return lr, damping

@@ -160,11 +160,16 @@ def train(args, config: Dict[str, Any], config_text: str) -> int:
         with open(os.path.join(args.output_dir, "config.yaml"), "w", encoding="utf-8") as handle:
             handle.write(config_text.replace("  ", "", 1).replace("\n  ", "\n") + "\n")
     log(f"[rank {rank}/{size}] {config['net']} width {config['width']} {config['optimizer']} on "
-        f"{args.device_target} ({config['mode']} mode, amp {amp_level}); {steps_per_epoch} steps/epoch x "
+        f"{args.device_target} ({config['mode']} mode, amp {amp_level}, "
+        f"{'dataset sink' if config['dataset_sink_mode'] and args.device_target != 'CPU' else 'step by step'}); "
+        f"{steps_per_epoch} steps/epoch x "
         f"{config['epoch_size']} epochs, batch {config['batch_size']} per rank"
         + (f"; resuming at global step {start_step}" if start_step else ""))
     log("config:\n" + config_text)
 
+    # Sinking data only pays on a device; on CPU MindSpore's Model falls back to step-by-step anyway,
+    # and step mode gives per-step progress lines and checkpoints.
+    sink = config["dataset_sink_mode"] and args.device_target != "CPU"
     prefix = config["net"]
     monitor = ProgressMonitor(config["epoch_size"], steps_per_epoch, config["batch_size"], size,
                               config["log_interval"], lr=lr, printer=log)
@@ -182,8 +187,7 @@ def train(args, config: Dict[str, Any], config_text: str) -> int:
         step0 = epoch * steps_per_epoch + skip_now
         monitor.start_step = saver.start_step = step0
         monitor.epoch = epoch
-        model.train(1, data, callbacks=[monitor, saver], dataset_sink_mode=config["dataset_sink_mode"],
-                    sink_size=-1)
+        model.train(1, data, callbacks=[monitor, saver], dataset_sink_mode=sink, sink_size=-1)
         if not np.isfinite(monitor.last_loss):
             log(f"[rank {rank}] training stopped: non-finite loss")
             return 1
