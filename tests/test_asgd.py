@@ -74,11 +74,11 @@ def test_reference_groups_order_schedule_dynamic_decay_centralization(mode, rng)
     groups = [{"params": [conv_w, dense_w], "lr": 0.05, "weight_decay": 0.03, "grad_centralization": True},
               {"params": [bias, gamma], "lr": _HalvingLR()},
               {"order_params": [dense_w, bias, conv_w, gamma]}]
-    opt = ASGD(groups, learning_rate=0.1, lambd=0.1, alpha=0.75, t0=3.0, weight_decay=_StepWeightDecay())
+    opt = ASGD(groups, learning_rate=0.1, lambd=0.1, alpha=0.75, t0=1.0, weight_decay=_StepWeightDecay())
     order = [p.name for p in opt.parameters]
     assert order == ["dense.weight", "dense.bias", "conv.weight", "bn.gamma"]
     by_name = {n: a for (n, _), a in zip(spec, arrays)}
-    ref = ASGDReference([by_name[n] for n in order], lambd=0.1, alpha=0.75, t0=3.0,
+    ref = ASGDReference([by_name[n] for n in order], lambd=0.1, alpha=0.75, t0=1.0,
                         centralize_flags=[n in ("dense.weight", "conv.weight") for n in order])
     for step in range(5):
         grads = [rng.standard_normal(p.shape).astype(np.float32) for p in opt.parameters]
@@ -138,7 +138,7 @@ def test_agrees_with_mindspore_asgd(mode, rng, case):
             {"params": ps[:2], "lr": 0.05, "weight_decay": 0.03},
             {"params": ps[2:], "lr": _HalvingLR()},
             {"order_params": [ps[1], ps[2], ps[0], ps[3]]}],
-            learning_rate=0.1, lambd=0.1, alpha=0.75, t0=3.0, weight_decay=0.0)
+            learning_rate=0.1, lambd=0.1, alpha=0.75, t0=1.0, weight_decay=0.0)
     (_, ours), (_, theirs) = pairs
     for step in range(5):
         grads = tuple(Tensor(rng.standard_normal(shape).astype(np.float32)) for _, shape in spec)
