@@ -44,19 +44,21 @@ pre-activation outputs, ``d = dL/ds`` the gradient reaching ``s`` in the backwar
       G = N * d^T d                       (embedding_size square; d are the N gradient rows)
 
 Factors are always computed and stored in float32, also when the layer runs in float16 (amp
-O2/O3 casts the cell's inputs). G is stored from the gradient *as it reaches the layer*: under a
-static loss scale ``S`` it is ``S**2`` times the formula above, and the optimizer divides it by
-``loss_scale**2``. If the G computed from a step's gradient is not finite (a loss-scale overflow), the
-previous G is kept.
+O2/O3). G is stored from the gradient *as it reaches the layer*: under a static loss scale ``S`` it
+is ``S**2`` times the formula above, and the optimizer divides it by ``loss_scale**2``. A factor
+that comes out non-finite (a loss-scale overflow) is not stored: the previous one is kept.
 
-The G hook is ``ops.InsertGradientOf`` on ``s``; it works in PYNATIVE and GRAPH mode, inside
-``TrainOneStepCell`` and with ``mindspore.value_and_grad``/``mindspore.grad`` (also under ``ms.jit``).
-The factor arithmetic runs in small float32 helper cells that amp's ``to_float(float16)`` does not
-switch to float16 (in PYNATIVE mode amp casts the inputs of *every* op of a float16 cell).
+How: in training mode the layer passes ``s`` through a small "tap" cell, an identity with a custom
+``bprop`` that receives the layer input and ``dL/ds`` and, while ``thor_flag`` is True, computes and
+assigns both factors. So all factor work happens in the backward pass (a forward pass alone never
+computes factors), the forward graph has no control flow, and it works in PYNATIVE and GRAPH mode,
+inside ``TrainOneStepCell`` and with ``mindspore.value_and_grad``/``mindspore.grad`` (also under
+``ms.jit``), for layers called several times too. The tap ignores amp's precision flags and casts
+to float32 itself (in PYNATIVE mode amp would cast the inputs of *every* op of a float16 cell).
 
-Setting ``thor_flag`` from Python: in GRAPH mode (and in ``ms.jit`` functions) MindSpore 2.10 does not
-see ``Parameter.set_data`` made after the graph was compiled for Parameters the graph writes; write
-the flag with ``ops.assign`` inside a graph (as the optimizer does) or set it before the first call.
+Setting ``thor_flag`` (or the factors) from Python after a graph was compiled: use ``ops.assign``
+(in place). MindSpore 2.10 graphs do not see ``Parameter.set_data`` made after compilation for
+Parameters they write.
 
 Unsupported here (left as plain first-order layers by the converter, see ``convert.py``):
 grouped or depthwise convolutions (``group > 1``) and ``data_format='NHWC'`` convolutions.
@@ -128,51 +130,76 @@ def conv_output_geometry(height: int, width: int, kernel_size: Tuple[int, int], 
     return pads[0], pads[1], pads[2], pads[3], out_h, out_w
 
 
-# --------------------------------------------------------------------------- float32 factor math
-class _Float32Cell(nn.Cell):
-    """A helper cell that stays float32 when amp casts the network to float16.
-
-    ``amp.auto_mixed_precision`` (O2/O3) and ``Cell.to_float`` reach every sub-cell through
-    ``add_flags_recursive``; this cell turns a float16/bfloat16 request into float32, so its ops see
-    float32 inputs in both execution modes. It owns no Parameters.
-    """
-
-    def __init__(self):
-        super().__init__()
-        self.to_float(_F32)
-
-    def add_flags_recursive(self, **flags):
-        if flags.get("fp16") or flags.get("bf16"):
-            flags = dict(flags, fp16=False, bf16=False, fp32=True)
-        return super().add_flags_recursive(**flags)
-
-
+# --------------------------------------------------------------------------- factor taps
 def _scale(value, factor):
     """``value * factor`` for a Python number ``factor``, through a Tensor (see ``_prime_numpy_bridge``)."""
     return ops.mul(value, ops.scalar_to_tensor(factor, _F32))
 
 
-class _StoreRowGram(_Float32Cell):
-    """``target <- factor * rows^T rows`` in float32, for ``rows`` of shape (n, k).
+class _FactorTap(nn.Cell):
+    """Identity on the layer's pre-activation ``s`` whose backward pass stores the factors.
 
-    With ``keep_finite`` (the G factors) a non-finite result leaves ``target`` unchanged.
+    ``tap(s, x, flag, a_cov, g_cov)`` returns ``s``. Its bprop receives the layer input ``x`` and
+    ``ds = dL/ds``; while ``flag`` is True it writes ``A(x)`` into ``a_cov`` and ``G(ds)`` into
+    ``g_cov`` (float32; a non-finite value is not written, so a loss-scale overflow keeps the old
+    factor) and passes ``ds`` through unchanged. The gradients it returns for ``x`` and the state are
+    zeros (``x`` reaches the tap through ``stop_gradient``; its real gradient flows through the layer).
+
+    Doing all factor work in the backward pass keeps the forward graph free of control flow (a
+    flag-dependent branch in the forward pass together with a backward hook makes MindSpore 2.10's
+    GRAPH mode report a graph cycle for layers called more than once).
     """
 
-    def __init__(self, keep_finite: bool):
+    def __init__(self):
         super().__init__()
-        self.keep_finite = keep_finite
         self.gram = ops.MatMul(transpose_a=True)
 
-    def construct(self, target, rows, factor):
+    def add_flags_recursive(self, **flags):
+        """Ignore amp's precision flags (``to_float``): the tap casts to float32 itself, and a float16
+        flag would make PYNATIVE mode compute the factors in float16."""
+        flags = {key: value for key, value in flags.items() if key not in ("fp16", "fp32", "bf16")}
+        return super().add_flags_recursive(**flags)
+
+    def _a_value(self, x):
+        raise NotImplementedError
+
+    def _g_rows(self, ds):
+        """(rows (n, g_dim), factor): G = factor * rows^T rows."""
+        raise NotImplementedError
+
+    def _row_gram(self, rows, factor):
         rows = ops.cast(rows, _F32)
-        value = _scale(self.gram(rows, rows), factor)
-        if self.keep_finite:
-            value = ops.select(ops.isfinite(value).all(), value, target)
-        return ops.assign(target, value)
+        return _scale(self.gram(rows, rows), factor)
+
+    def construct(self, s, x, flag, a_cov, g_cov):
+        return s
+
+    def bprop(self, s, x, flag, a_cov, g_cov, out, dout):
+        if flag:
+            a_new = self._a_value(x)
+            a_new = ops.select(ops.isfinite(a_new).all(), a_new, a_cov)
+            rows, factor = self._g_rows(dout)
+            g_new = self._row_gram(rows, factor)
+            g_new = ops.select(ops.isfinite(g_new).all(), g_new, g_cov)
+            dout = ops.depend(dout, ops.assign(a_cov, a_new))
+            dout = ops.depend(dout, ops.assign(g_cov, g_new))
+        # under amp the custom bprop sees the un-cast input s: hand its gradient back in s's dtype
+        return (ops.cast(dout, s.dtype), ops.zeros_like(x), ops.zeros_like(flag), ops.zeros_like(a_cov),
+                ops.zeros_like(g_cov))
 
 
-class _StoreConvPatchCov(_Float32Cell):
-    """``target <- sum_{b,t} p p^T / (B*T)`` for the im2col patches ``p`` of an NCHW input."""
+class _DenseTap(_FactorTap):
+    """A = a^T a / N for the N input rows; G = N d^T d."""
+
+    def _a_value(self, x):
+        return self._row_gram(x, 1.0 / x.shape[0])
+
+    def _g_rows(self, ds):
+        return ds, ds.shape[0]
+
+
+class _ConvTap(_FactorTap):
+    """A = sum p p^T / (B*T) over the im2col patches of the NCHW input; G = B * sum d d^T."""
 
     def __init__(self, kernel_size, stride, dilation, pad_mode, padding):
         super().__init__()
@@ -181,9 +208,8 @@ class _StoreConvPatchCov(_Float32Cell):
         self.dilation = dilation
         self.pad_mode = pad_mode
         self.padding = padding
-        self.gram = ops.MatMul(transpose_a=True)
 
-    def construct(self, target, x):
+    def _a_value(self, x):
         x = ops.cast(x, _F32)
         batch, channels, height, width = x.shape
         kh, kw = self.kernel_size
@@ -203,24 +229,30 @@ class _StoreConvPatchCov(_Float32Cell):
         patches = ops.reshape(patches, (batch, channels * kh * kw, out_h * out_w))
         patches = ops.transpose(patches, (0, 2, 1))
         patches = ops.reshape(patches, (batch * out_h * out_w, channels * kh * kw))
-        value = _scale(self.gram(patches, patches), 1.0 / (batch * out_h * out_w))
-        return ops.assign(target, value)
+        return self._row_gram(patches, 1.0 / (batch * out_h * out_w))
+
+    def _g_rows(self, ds):
+        batch, channels = ds.shape[0], ds.shape[1]
+        return ops.reshape(ops.transpose(ds, (0, 2, 3, 1)), (-1, channels)), batch
 
 
-class _StoreIdCounts(_Float32Cell):
-    """``target <- counts / N`` (a vocab_size vector) for N flattened ids; ids out of range are not counted."""
+class _EmbeddingTap(_FactorTap):
+    """A = counts / N (vocab_size vector; ids outside [0, vocab_size) not counted); G = N d^T d."""
 
     def __init__(self, vocab_size: int):
         super().__init__()
         self.vocab_size = vocab_size
         self.limit = Tensor(np.array(vocab_size, np.int32))
 
-    def construct(self, target, flat_ids):
+    def _a_value(self, flat_ids):
         ids = ops.cast(flat_ids, mstype.int32)
         zeros = ops.zeros_like(ids)
         valid = ops.logical_and(ops.ge(ids, zeros), ops.lt(ids, self.limit))
         counts = ops.unsorted_segment_sum(ops.cast(valid, _F32), ops.select(valid, ids, zeros), self.vocab_size)
-        return ops.assign(target, _scale(counts, 1.0 / ids.shape[0]))
+        return _scale(counts, 1.0 / ids.shape[0])
+
+    def _g_rows(self, ds):
+        return ds, ds.shape[0]
 
 
 # --------------------------------------------------------------------------- the layers
@@ -246,8 +278,8 @@ class ThorLayer(nn.Cell):
     kind: str = ""
     _plain_type: type = nn.Cell
 
-    def _init_thor_state(self, a_shape: Tuple[int, ...], g_dim: int, name_prefix: str = "") -> None:
-        """Create the factor Parameters (zeros), the flag (True), the G hook and its helper."""
+    def _init_thor_state(self, a_shape: Tuple[int, ...], g_dim: int, name_prefix: str, tap: "_FactorTap") -> None:
+        """Create the factor Parameters (zeros), the flag (True) and the factor tap."""
         self.a_dim = int(a_shape[0])
         self.g_dim = int(g_dim)
         self.matrix_a_cov = Parameter(Tensor(np.zeros(a_shape, np.float32)), name=name_prefix + "matrix_a_cov",
@@ -255,8 +287,13 @@ class ThorLayer(nn.Cell):
         self.matrix_g_cov = Parameter(Tensor(np.zeros((g_dim, g_dim), np.float32)),
                                       name=name_prefix + "matrix_g_cov", requires_grad=False)
         self.thor_flag = Parameter(Tensor(np.array(True)), name=name_prefix + "thor_flag", requires_grad=False)
-        self.store_g = _StoreRowGram(keep_finite=True)
-        self.g_hook = ops.InsertGradientOf(self._save_g)
+        self.factor_tap = tap
+
+    def _tap(self, s, x):
+        """In training mode, route ``s`` through the factor tap (dtype of ``s`` kept under amp)."""
+        dtype = s.dtype
+        s = self.factor_tap(s, ops.stop_gradient(x), self.thor_flag, self.matrix_a_cov, self.matrix_g_cov)
+        return ops.cast(s, dtype)
 
     def _adopt_param(self, attr: str, param: Optional[Parameter]) -> None:
         """Put the plain layer's Parameter object itself (name, value, dtype kept) under ``attr``."""
@@ -306,17 +343,6 @@ class ThorLayer(nn.Cell):
         """The Parameter whose gradient THOR preconditions."""
         return self.weight
 
-    def _g_rows(self, dout):
-        """The gradient rows d (n, g_dim) of ``dout`` and the factor multiplying d^T d."""
-        raise NotImplementedError
-
-    def _save_g(self, dout):
-        """Backward hook on ``s``: while ``thor_flag``, store G (float32; a non-finite G is not stored)."""
-        if self.thor_flag:
-            rows, factor = self._g_rows(dout)
-            dout = ops.depend(dout, self.store_g(self.matrix_g_cov, rows, factor))
-        return dout
-
 
 class DenseThor(ThorLayer):
     r"""``nn.Dense`` that also collects THOR's factors.
@@ -361,11 +387,7 @@ class DenseThor(ThorLayer):
         self.bias_add = ops.BiasAdd()
         self.activation = cell.activation
         self.activation_flag = cell.activation_flag
-        self._init_thor_state((self.in_channels, self.in_channels), self.out_channels, name_prefix)
-        self.store_a = _StoreRowGram(keep_finite=False)
-
-    def _g_rows(self, dout):
-        return dout, dout.shape[0]
+        self._init_thor_state((self.in_channels, self.in_channels), self.out_channels, name_prefix, _DenseTap())
 
     def construct(self, x):
         x_shape = x.shape
@@ -375,9 +397,7 @@ class DenseThor(ThorLayer):
         if self.has_bias:
             s = self.bias_add(s, self.bias)
         if self.training:
-            if self.thor_flag:
-                s = ops.depend(s, self.store_a(self.matrix_a_cov, ops.stop_gradient(x), 1.0 / x.shape[0]))
-            s = self.g_hook(s)
+            s = self._tap(s, x)
         if self.activation_flag:
             s = self.activation(s)
         if len(x_shape) != 2:
@@ -451,23 +471,15 @@ class Conv2dThor(ThorLayer):
         self.conv2d = cell.conv2d
         self.bias_add = cell.bias_add
         a_dim = self.in_channels * self.kernel_size[0] * self.kernel_size[1]
-        self._init_thor_state((a_dim, a_dim), self.out_channels, name_prefix)
-        self.store_a = _StoreConvPatchCov(self.kernel_size, self.stride, self.dilation, self.pad_mode,
-                                          self.padding)
-
-    def _g_rows(self, dout):
-        batch, channels = dout.shape[0], dout.shape[1]
-        rows = ops.reshape(ops.transpose(dout, (0, 2, 3, 1)), (-1, channels))
-        return rows, batch
+        tap = _ConvTap(self.kernel_size, self.stride, self.dilation, self.pad_mode, self.padding)
+        self._init_thor_state((a_dim, a_dim), self.out_channels, name_prefix, tap)
 
     def construct(self, x):
         s = self.conv2d(x, self.weight)
         if self.has_bias:
             s = self.bias_add(s, self.bias)
         if self.training:
-            if self.thor_flag:
-                s = ops.depend(s, self.store_a(self.matrix_a_cov, ops.stop_gradient(x)))
-            s = self.g_hook(s)
+            s = self._tap(s, x)
         return s
 
     def extend_repr(self):
@@ -525,11 +537,7 @@ class EmbeddingThor(ThorLayer):
         self.one_hot = ops.OneHot()
         self.gather = ops.Gather()
         self.array_mul = ops.MatMul()
-        self._init_thor_state((self.vocab_size,), self.embedding_size, name_prefix)
-        self.store_a = _StoreIdCounts(self.vocab_size)
-
-    def _g_rows(self, dout):
-        return dout, dout.shape[0]
+        self._init_thor_state((self.vocab_size,), self.embedding_size, name_prefix, _EmbeddingTap(self.vocab_size))
 
     def construct(self, ids):
         out_shape = ids.shape + (self.embedding_size,)
@@ -540,9 +548,7 @@ class EmbeddingThor(ThorLayer):
         else:
             rows = self.gather(self.embedding_table, flat_ids, 0)
         if self.training:
-            if self.thor_flag:
-                rows = ops.depend(rows, self.store_a(self.matrix_a_cov, flat_ids))
-            rows = self.g_hook(rows)
+            rows = self._tap(rows, flat_ids)
         return ops.reshape(rows, out_shape)
 
     def extend_repr(self):
