@@ -84,10 +84,10 @@ def test_signature_is_mindspores_documented_one(info):
 # ---- numbers against the float64 references ---------------------------------------------------------
 
 class _StepWeightDecay(nn.Cell):
-    """Dynamic weight decay: 0.01 + 0.005 * step."""
+    """Dynamic weight decay: 0.01 + 0.005 * step (shape (1,), like global_step, as users write it)."""
 
     def construct(self, global_step):
-        return ops.cast(ops.reshape(global_step, ()), ms.float32) * 0.005 + 0.01
+        return ops.cast(global_step, ms.float32) * 0.005 + 0.01
 
 
 class _HalvingLR(LearningRateSchedule):

@@ -198,12 +198,15 @@ class OptimizerBase(nn.Optimizer):
 
         Follows MindSpore's rules: without groups, parameters whose name contains ``beta`` or
         ``gamma`` get 0; with groups, each group's own value (a number or a Cell called with the
-        global step). The values are for unscaled gradients (``loss_scale`` already divided out).
+        global step). Every entry is a 0-D float32 Tensor, for unscaled gradients (``loss_scale``
+        already divided out).
         """
         decay = self.get_weight_decay()
         out = ()
         for index in range(self.param_length):
             wd = decay[index] if self.is_group else decay
+            if self.dynamic_weight_decay:
+                wd = F.reshape(wd, ())  # a user's Cell may return shape (1,), like global_step
             if not self.decay_flags[index]:
                 wd = self._zero_decay
             elif self.need_scale:
