@@ -16,7 +16,7 @@ import pytest
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 WORKER = os.path.join(HERE, "worker.py")
-OPTIMIZER = "momentum"  # TEMPORARY until ms_optim.thor.optimizer lands
+OPTIMIZER = "thor"
 CONFIGS = ("split0", "default")
 
 pytestmark = [pytest.mark.distributed, pytest.mark.slow]

@@ -73,6 +73,10 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=5)
     args = parser.parse_args()
     ms.set_context(mode=ms.GRAPH_MODE, device_target="CPU")
+    # Import THOR before init(): ms_optim.thor.layers primes MindSpore's NumPy bridge with one PYNATIVE
+    # op at import, and under NumPy 2 that op's (caught) failure after init() makes the worker leave
+    # the msrun cluster abnormally (the scheduler then reports it as timed out).
+    import ms_optim.thor.optimizer  # noqa: F401
     rank, size = 0, 1
     if not args.single:
         from mindspore.communication import get_group_size, get_rank, init
