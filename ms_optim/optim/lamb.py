@@ -20,23 +20,6 @@ from ms_optim.optim._trust_ratio import l2_norm, trust_ratio
 __all__ = ["Lamb"]
 
 _lamb_step = C.MultitypeFuncGraph("ms_optim_lamb_step")
-_centralize = C.MultitypeFuncGraph("ms_optim_centralize")
-_reduce_mean_keep = ops.ReduceMean(keep_dims=True)
-
-
-@_centralize.register("Bool", "Tensor")
-def _centralize_tensor(flag, gradient):
-    """Gradient centralization from plain ops (MindSpore's ``Centralization`` op has no CPU kernel):
-    for a tensor of rank > 1 whose second dimension is a multiple of 16, subtract its mean over all
-    axes but the first; other tensors are returned unchanged."""
-    if flag:
-        shape = F.shape(gradient)
-        if len(shape) > 1:
-            if shape[1] % 16 == 0:
-                return gradient - _reduce_mean_keep(gradient, tuple(range(1, len(shape))))
-    return gradient
-
-
 @_lamb_step.register("Tensor", "Tensor", "Tensor", "Tensor", "Tensor", "Tensor", "Tensor", "Bool",
                      "Tensor", "Tensor", "Tensor", "Tensor")
 def _lamb_step_tensor(beta1, beta2, eps, bias1, bias2, lr, weight_decay, decay_flag, weight, m, v, gradient):
@@ -150,12 +133,6 @@ class Lamb(OptimizerBase):
             kernel = _fused.lamb_op()
         self.use_fused = kernel is not None
         self.fused_kernel = kernel
-
-    def gradients_centralization(self, gradients):
-        """Centralize the gradients of groups with ``grad_centralization`` (portable version)."""
-        if self.is_group:
-            gradients = self.map_(_centralize, self.grad_centralization_flags, gradients)
-        return gradients
 
     @jit(backend="ms_backend")
     def construct(self, gradients):

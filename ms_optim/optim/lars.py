@@ -12,6 +12,11 @@ from mindspore import Parameter, Tensor, jit, nn, ops
 from mindspore.ops import composite as C
 from mindspore.ops import functional as F
 
+try:  # MindSpore's per-step learning-rate list (a 1-D Tensor or list given as learning_rate)
+    from mindspore.nn.optim.optimizer import _IteratorLearningRate
+except ImportError:  # pragma: no cover - only if MindSpore renames its private class
+    _IteratorLearningRate = None
+
 from ms_optim import _validation as V
 from ms_optim.optim import _fused
 from ms_optim.optim._base import OptimizerBase
@@ -98,8 +103,17 @@ def _lars_momentum_fused(kernel, apply_momentum, hyper, momentum, lr, weight_dec
     """LARS + Momentum for one parameter: the fused kernel for a kept parameter, MindSpore's own
     ApplyMomentum (what nn.Momentum runs) for a rejected one."""
     if lars_flag:
-        return F.depend(True, kernel(weight, accum, gradient, lr, weight_decay, momentum, hyper))
+        return F.depend(True, kernel(weight, accum, F.cast(gradient, ms.float32), lr, weight_decay, momentum, hyper))
     return F.depend(True, apply_momentum(weight, accum, lr, gradient, momentum))
+
+
+def _list_lr_steps(optimizer: nn.Optimizer) -> int:
+    """How many steps the wrapped optimizer's per-step learning-rate list(s) cover; 0 if it has none."""
+    if _IteratorLearningRate is None or not optimizer.dynamic_lr:
+        return 0
+    cells = list(optimizer.learning_rate) if optimizer.is_group_lr else [optimizer.learning_rate]
+    sizes = [int(cell.learning_rate.shape[0]) for cell in cells if isinstance(cell, _IteratorLearningRate)]
+    return min(sizes) if sizes else 0
 
 
 def _fusable_momentum(optimizer: nn.Optimizer) -> bool:
@@ -212,6 +226,10 @@ class LARS(OptimizerBase):
         self.coefficient = Tensor(coefficient, ms.float32)
         self.use_clip = use_clip
         self.lars_flag = tuple(bool(lars_filter(param)) for param in self.parameters)
+        # A learning-rate list shorter than training: a clear error before anything is updated
+        # (MindSpore's own list lookup in the wrapped optimizer would fail with a Gather index error).
+        self.lr_list_steps = _list_lr_steps(optimizer)
+        self.lr_list_steps_tensor = Tensor(self.lr_list_steps, ms.int32)
         # Around nn.Momentum on CPU: ratio, decay and momentum step in one fused kernel per parameter
         # (ms_optim.optim._fused), the same arithmetic as the composite path below.
         kernel = _fused.lars_momentum_op(optimizer.use_nesterov) if _fusable_momentum(optimizer) else None
@@ -228,6 +246,13 @@ class LARS(OptimizerBase):
 
     @jit(backend="ms_backend")
     def construct(self, gradients):
+        if self.lr_list_steps > 0:
+            step = ops.reshape(self.global_step, ())
+            if step >= self.lr_list_steps_tensor:
+                raise ValueError(f"For 'LARS', the argument 'learning_rate' of the wrapped optimizer gives "
+                                 f"{self.lr_list_steps} values, one per step, but step {step + 1} was requested: "
+                                 f"give at least as many learning rates as steps trained, or use a "
+                                 f"LearningRateSchedule.")
         # both read before the wrapped optimizer advances global_step
         lrs = self.lr_per_param(self.get_lr())
         wds = self.weight_decay_per_param()  # the wrapped optimizer's, loss scale divided out
