@@ -138,7 +138,11 @@ class _CheckedListLearningRate(_ListScheduleBase):
     """
 
     def __init__(self, learning_rate: Tensor, name: str, cls_name: str) -> None:
-        super().__init__(learning_rate, name)  # stores Parameter `self.learning_rate` (and a Gather)
+        if _ListScheduleBase is LearningRateSchedule:  # pragma: no cover - MindSpore without the class
+            LearningRateSchedule.__init__(self)
+            self.learning_rate = Parameter(learning_rate, name)
+        else:
+            super().__init__(learning_rate, name)  # stores Parameter `self.learning_rate` under `name`
         self.size = int(learning_rate.shape[0])
         self.size_tensor = Tensor(self.size, mstype.int32)
         self.owner = cls_name
