@@ -79,19 +79,25 @@ __all__ = ["ThorLayer", "DenseThor", "Conv2dThor", "EmbeddingThor", "conv_output
 _F32 = mstype.float32
 
 
+_BRIDGE_PRIMED = False
+
+
 def _prime_numpy_bridge() -> None:
     """Absorb MindSpore 2.10's one-time failure of its NumPy C-API bridge under NumPy 2.
 
-    With NumPy 2 the first PYNATIVE op that converts a Python scalar leaves an ImportError set and
-    raises ``SystemError``; every later call works. Trigger it once here, harmlessly.
+    With NumPy 2 the first PYNATIVE op that goes through that bridge (e.g. a Tensor op with a Python
+    scalar) leaves an ImportError set and raises ``SystemError``; every later call works. Trigger it
+    once, harmlessly, when the first THOR layer is built (not at import: running an op initialises
+    the device, and the user may not have chosen it yet).
     """
+    global _BRIDGE_PRIMED  # pylint: disable=global-statement
+    if _BRIDGE_PRIMED:
+        return
+    _BRIDGE_PRIMED = True
     try:
         _ = Tensor(np.ones(1, np.float32)) * 1.0
     except (SystemError, ImportError):
         pass
-
-
-_prime_numpy_bridge()
 
 
 def conv_output_geometry(height: int, width: int, kernel_size: Tuple[int, int], stride: Tuple[int, int],
@@ -280,6 +286,7 @@ class ThorLayer(nn.Cell):
 
     def _init_thor_state(self, a_shape: Tuple[int, ...], g_dim: int, name_prefix: str, tap: "_FactorTap") -> None:
         """Create the factor Parameters (zeros), the flag (True) and the factor tap."""
+        _prime_numpy_bridge()
         self.a_dim = int(a_shape[0])
         self.g_dim = int(g_dim)
         self.matrix_a_cov = Parameter(Tensor(np.zeros(a_shape, np.float32)), name=name_prefix + "matrix_a_cov",
