@@ -9,10 +9,10 @@ from mindspore import Parameter, Tensor, nn, ops
 from mindspore.nn.learning_rate_schedule import LearningRateSchedule
 
 from ms_optim.optim import _fused
-from ms_optim.nn import LARS, Lamb
+from ms_optim.nn import ASGD, LARS, Lamb
 from ms_optim.optim.lars import default_lars_filter
 from reference.lamb_ref import LambReference
-from reference.lars_ref import LarsReference, MomentumReference, SGDReference
+from reference.lars_ref import LarsReference, MomentumReference, SGDReference, lars_gradient
 
 RTOL = 1e-4
 # Elements that the update carries close to 0 from |w| ~ 1 keep float32's absolute rounding
@@ -152,6 +152,32 @@ def test_wraps_ms_optim_lamb_with_schedule(mode, path, rng):
         ref.step(grads, [0.05 / (1 + step)] * 2, [0.01, 0.01])
         _check(params, ref.w, step + 1)
         np.testing.assert_allclose(inner.moments1[0].asnumpy(), ref.inner.m[0], rtol=RTOL, atol=1e-7)
+
+
+_OTHER_INNERS = {
+    "Adam": lambda ps, wd: nn.Adam(ps, 0.01, weight_decay=wd),
+    "AdamWeightDecay": lambda ps, wd: nn.AdamWeightDecay(ps, 0.01, weight_decay=wd),
+    "RMSProp": lambda ps, wd: nn.RMSProp(ps, 0.01, weight_decay=wd),
+    "ASGD": lambda ps, wd: ASGD(ps, 0.01, weight_decay=wd),
+}
+
+
+@pytest.mark.parametrize("inner_name", sorted(_OTHER_INNERS))
+def test_wraps_any_optimizer(mode, rng, inner_name):
+    """LARS(X with weight decay) == X without weight decay fed the reference LARS gradient
+    c*(g + wd*w) (and the raw gradient for the rejected bias), for other MindSpore/ms_optim X."""
+    make = _OTHER_INNERS[inner_name]
+    spec = [("fc.weight", (6, 5), False), ("fc.bias", (6,), False)]
+    params_a, arrays = _params(rng, spec)
+    params_b = [Parameter(Tensor(a.copy()), name=p.name) for p, a in zip(params_a, arrays)]
+    opt = LARS(make(params_a, 0.1), epsilon=1e-5, coefficient=0.01)
+    plain = make(params_b, 0.0)
+    for step in range(2):
+        grads = [rng.standard_normal(a.shape).astype(np.float32) for a in arrays]
+        lars_grad = lars_gradient(params_b[0].asnumpy(), grads[0], 0.01, 0.1, 0.01, 1e-5, False)
+        opt(tuple(Tensor(g) for g in grads))
+        plain((Tensor(lars_grad.astype(np.float32)), Tensor(grads[1])))
+        _check(params_a, [p.asnumpy() for p in params_b], step + 1)
 
 
 def test_filter_rejecting_all_is_the_inner_optimizer(mode, path, rng):
