@@ -157,3 +157,32 @@ def test_python_m_ms_optim_run_trains_a_mindspore_thor_script():
             f"optimizer=ms_optim.") in proc.stdout, output[-4000:]
     assert "model=ms_optim.thor.model.ModelThor" in proc.stdout
     assert "script: changed=True finite=True" in proc.stdout, output[-4000:]
+
+
+def test_mindspore_first_order_names_train_on_cpu_under_use():
+    """Under use(), a script's ``nn.Lamb``/``nn.LARS``/``nn.ASGD`` (MindSpore's Lamb and LARS have no CPU
+    kernel) train on CPU through the names the script already uses."""
+    import numpy as np
+    from mindspore import Tensor
+
+    rng = np.random.default_rng(0)
+    x = Tensor(rng.standard_normal((8, 4)).astype(np.float32))
+    y = Tensor(rng.standard_normal((8, 2)).astype(np.float32))
+    with ms_optim.use(verbose=False):
+        import mindspore.nn as nn
+
+        makers = {"Lamb": lambda p: nn.Lamb(p, learning_rate=0.01),
+                  "LARS": lambda p: nn.LARS(nn.Momentum(p, 0.05, 0.9), epsilon=0.0, coefficient=0.001),
+                  "ASGD": lambda p: nn.ASGD(p, learning_rate=0.05)}
+        for name, make in makers.items():
+            ms.set_seed(0)
+            net = nn.Dense(4, 2)
+            opt = make(net.trainable_params())
+            assert type(opt).__module__.startswith("ms_optim."), name
+            step = nn.TrainOneStepCell(nn.WithLossCell(net, nn.MSELoss()), opt)
+            before = net.weight.asnumpy().copy()
+            for _ in range(2):
+                step(x, y)
+            after = net.weight.asnumpy()
+            assert np.all(np.isfinite(after)) and not np.array_equal(after, before), name
+    assert ms_nn.Lamb.__module__ == "mindspore.nn.optim.lamb"
