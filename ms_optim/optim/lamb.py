@@ -63,6 +63,11 @@ class Lamb(OptimizerBase):
     are taken over the whole parameter tensor (layer-wise). The trust ratio is
     :func:`ms_optim.optim._trust_ratio.trust_ratio`, shared with ``ms_optim.nn.LARS``.
 
+    On CPU with float32 parameters the step runs in one fused kernel per parameter (two passes
+    over memory, see :mod:`ms_optim.optim._fused`; ``use_fused`` tells whether it is used, the
+    environment variable ``MS_OPTIM_FUSED=0`` turns it off); elsewhere, or if the kernel cannot be
+    compiled, in composite ``mindspore.ops``. Both compute the formula above in float32.
+
     State: ``lamb_m.<param name>`` (:math:`m`) and ``lamb_v.<param name>`` (:math:`v`), zeros at
     start, and ``global_step`` (steps taken), the same names as MindSpore's Lamb so checkpoints move
     between the two libraries.
@@ -97,9 +102,9 @@ class Lamb(OptimizerBase):
 
     Examples:
         >>> import mindspore as ms
-        >>> from ms_optim import nn
-        >>> net = nn.Dense(4, 2)
-        >>> opt = nn.Lamb(net.trainable_params(), learning_rate=0.01, weight_decay=1e-4)
+        >>> import ms_optim
+        >>> net = ms.nn.Dense(4, 2)
+        >>> opt = ms_optim.nn.Lamb(net.trainable_params(), learning_rate=0.01, weight_decay=1e-4)
         >>> grads = tuple(ms.ops.ones_like(p) for p in net.trainable_params())
         >>> _ = opt(grads)
         >>> [p.name for p in opt.moments1]

@@ -157,6 +157,12 @@ class LARS(OptimizerBase):
     rate and ``global_step`` are exposed as LARS's own, so ``Model``, ``TrainOneStepCell``,
     learning-rate callbacks and checkpoints see the same names as with the optimizer alone.
 
+    Around exactly ``mindspore.nn.Momentum`` on CPU (float32 parameters, no gradient
+    centralization) LARS runs ratio, decay and momentum step in one fused kernel per kept parameter
+    (:mod:`ms_optim.optim._fused`; the same arithmetic, MindSpore's ``ApplyMomentum`` for rejected
+    parameters, ``use_fused`` tells whether it is used, ``MS_OPTIM_FUSED=0`` turns it off) and updates
+    that optimizer's own ``moments`` and ``global_step``.
+
     Args:
         optimizer (Optimizer): the optimizer to wrap (any ``mindspore.nn.Optimizer``: ``nn.Momentum``,
             ``nn.SGD``, ``ms_optim.nn.Lamb``, ...).
@@ -180,10 +186,10 @@ class LARS(OptimizerBase):
 
     Examples:
         >>> import mindspore as ms
-        >>> from ms_optim import nn
-        >>> net = nn.Dense(4, 2)
-        >>> inner = nn.Momentum(net.trainable_params(), learning_rate=0.1, momentum=0.9, weight_decay=1e-4)
-        >>> opt = nn.LARS(inner, epsilon=1e-5, coefficient=0.001)
+        >>> import ms_optim
+        >>> net = ms.nn.Dense(4, 2)
+        >>> inner = ms.nn.Momentum(net.trainable_params(), learning_rate=0.1, momentum=0.9, weight_decay=1e-4)
+        >>> opt = ms_optim.nn.LARS(inner, epsilon=1e-5, coefficient=0.001)
         >>> grads = tuple(ms.ops.ones_like(p) for p in net.trainable_params())
         >>> _ = opt(grads)
         >>> inner.decay_flags  # the wrapped optimizer is unchanged
