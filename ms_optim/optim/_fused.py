@@ -260,14 +260,25 @@ class _LarsMomentumCustom(_InplaceCustom):
     __mindspore_signature__ = _signature(7, 2)  # w, accum written
 
 
+def _make(cls, name: str) -> Optional[ops.Custom]:
+    """The Custom op for kernel ``name``, or None (composite fallback) if it cannot be created, e.g.
+    when ``MS_CUSTOM_AOT_WHITE_LIST`` does not include the cache directory."""
+    global _failed  # pylint: disable=global-statement
+    path = library_path()
+    if path is None:
+        return None
+    try:
+        return cls(f"{path}:{name}")
+    except (TypeError, ValueError, RuntimeError) as error:
+        _failed = f"could not create the fused op {name}: {error}"
+        return None
+
+
 def lamb_op() -> Optional[ops.Custom]:
     """The fused Lamb step (w, m, v, g, lr, wd, hyper) -> ratio, or None if unavailable."""
-    path = library_path()
-    return None if path is None else _LambCustom(f"{path}:MsOptimLambStep")
+    return _make(_LambCustom, "MsOptimLambStep")
 
 
 def lars_momentum_op(nesterov: bool) -> Optional[ops.Custom]:
     """The fused LARS + momentum step (w, accum, g, lr, wd, momentum, hyper) -> ratio, or None."""
-    path = library_path()
-    name = "MsOptimLarsMomentumNesterov" if nesterov else "MsOptimLarsMomentum"
-    return None if path is None else _LarsMomentumCustom(f"{path}:{name}")
+    return _make(_LarsMomentumCustom, "MsOptimLarsMomentumNesterov" if nesterov else "MsOptimLarsMomentum")
