@@ -11,6 +11,9 @@ with ``denominator = ||u||`` by default (Lamb: ``u = r``, the Adam direction plu
 The zero rule keeps a freshly zero-initialised weight (a bias) or a parameter without gradient
 from being frozen or blown up by a 0/0.
 
+The fused CPU kernels (:mod:`ms_optim.optim._fused`) apply the same rule inside their C++ loops;
+the tests run both paths against one NumPy oracle, so the two cannot drift apart unnoticed.
+
 Everything here is plain ``mindspore.ops`` on 0-D float32 tensors, usable in PYNATIVE and in
 GRAPH mode (inside ``construct``), and independent of any optimizer state.
 """
