@@ -15,7 +15,7 @@ import sys
 import time
 from typing import Any, Callable, Dict, Iterable, Mapping, Optional, Sequence
 
-__all__ = ["sync", "interleaved_medians", "machine_info", "write_json", "bar_plot", "RESULTS_DIR"]
+__all__ = ["sync", "interleaved_medians", "copy_floor", "machine_info", "write_json", "bar_plot", "RESULTS_DIR"]
 
 RESULTS_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
 
@@ -59,6 +59,31 @@ def interleaved_medians(candidates: Mapping[str, Callable[[], Any]], repeats: in
         out[name] = {"median_ms": statistics.median(values), "p25_ms": quartiles[0], "p75_ms": quartiles[2],
                      "min_ms": min(values), "n": len(values)}
     return out
+
+
+def copy_floor(n_values: int, threads: Optional[int] = None) -> Callable[[], None]:
+    """A callable copying ``n_values`` float32 values with NumPy, split over ``threads`` threads
+    (default: all CPUs; NumPy releases the GIL while copying), i.e. moving ``8 * n_values`` bytes.
+    Timing it gives the memory-bandwidth floor of work that must read and write that much: a
+    single-threaded copy does not saturate memory on every machine, multi-threaded kernels would
+    then beat a "floor"."""
+    import numpy as np
+    from concurrent.futures import ThreadPoolExecutor
+
+    threads = max(1, threads or os.cpu_count() or 1)
+    src = np.ones(n_values, np.float32)
+    dst = np.zeros_like(src)
+    bounds = np.linspace(0, n_values, threads + 1).astype(int)
+    chunks = [(dst[a:b], src[a:b]) for a, b in zip(bounds[:-1], bounds[1:])]
+    if threads == 1:
+        return lambda: np.copyto(dst, src)
+    pool = ThreadPoolExecutor(max_workers=threads)
+
+    def run() -> None:
+        for future in [pool.submit(np.copyto, d, s) for d, s in chunks]:
+            future.result()
+
+    return run
 
 
 def machine_info() -> Dict[str, Any]:

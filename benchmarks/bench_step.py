@@ -6,7 +6,8 @@ Candidates, timed interleaved in one run (medians of ``--repeats`` calls after `
 - ``Lamb``, ``LARS(Momentum)`` and ``ASGD``: ms_optim's;
 - ``ASGD (MindSpore)``: MindSpore's ``nn.ASGD`` (the only one of MindSpore's three that runs on CPU);
 - ``floor <name>``: a NumPy copy of the bytes the update must touch (reads + writes of
-  parameter-sized float32 arrays, see ``ARRAY_PASSES``), the memory-bandwidth floor on this machine.
+  parameter-sized float32 arrays, see ``ARRAY_PASSES``), split over ``--floor-threads`` threads (all
+  CPUs by default, as the fused kernels use them), the memory-bandwidth floor on this machine.
 
 The model: ``--tensors`` parameters (default 64) of equal size, ``--params`` float32 values in all
 (default 16M). Prints a table and writes ``bench_step.json`` and ``bench_step.png`` into
@@ -29,7 +30,7 @@ import numpy as np
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the repo, for ms_optim
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # _common
 
-from _common import RESULTS_DIR, bar_plot, interleaved_medians, write_json  # noqa: E402
+from _common import RESULTS_DIR, bar_plot, copy_floor, interleaved_medians, write_json  # noqa: E402
 
 # Parameter-sized float32 arrays each update must read plus write at the least:
 #   Momentum: read w, g, m; write w, m.
@@ -53,6 +54,8 @@ def parse_args(argv: List[str] = None) -> argparse.Namespace:
     parser.add_argument("--warmup", type=int, default=3, help="untimed calls per candidate first (default 3)")
     parser.add_argument("--only", nargs="*", default=None,
                         help="time only these candidates (names as in the table; floors follow)")
+    parser.add_argument("--floor-threads", type=int, default=os.cpu_count(),
+                        help="threads of the NumPy copy timed as the memory floor (default: all CPUs)")
     parser.add_argument("--quick", action="store_true",
                         help="smoke run: 64 x 4096 values, 5 calls, 1 warm-up, results as bench_step_quick.*")
     parser.add_argument("--out-dir", default=RESULTS_DIR, help="where to write the JSON and PNG")
@@ -62,7 +65,7 @@ def parse_args(argv: List[str] = None) -> argparse.Namespace:
     return args
 
 
-def build_candidates(n_tensors: int, size: int, only=None) -> Dict[str, Callable[[], object]]:
+def build_candidates(n_tensors: int, size: int, only=None, floor_threads=None) -> Dict[str, Callable[[], object]]:
     """One optimizer per candidate, each with its own parameters, all fed the same gradients."""
     import mindspore as ms
     from mindspore import Parameter, Tensor, nn
@@ -92,9 +95,7 @@ def build_candidates(n_tensors: int, size: int, only=None) -> Dict[str, Callable
         optimizer = make()
         candidates[name] = (lambda opt=optimizer: opt(grads))
         # a copy reads and writes its bytes: half the passes' worth of values, copied once
-        src = np.ones(n_tensors * size * ARRAY_PASSES[name] // 2, np.float32)
-        dst = np.empty_like(src)
-        candidates["floor " + name] = (lambda s=src, d=dst: np.copyto(d, s))
+        candidates["floor " + name] = copy_floor(n_tensors * size * ARRAY_PASSES[name] // 2, floor_threads)
     return candidates
 
 
@@ -104,7 +105,7 @@ def main(argv: List[str] = None) -> Dict[str, dict]:
     ms.set_context(mode=ms.GRAPH_MODE, device_target="CPU")
 
     size = args.params // args.tensors
-    candidates = build_candidates(args.tensors, size, args.only)
+    candidates = build_candidates(args.tensors, size, args.only, args.floor_threads)
     timings = interleaved_medians(candidates, repeats=args.repeats, warmup=args.warmup)
 
     names = [n for n in candidates if not n.startswith("floor ")]
@@ -141,6 +142,8 @@ def main(argv: List[str] = None) -> Dict[str, dict]:
     json_path = write_json(os.path.join(args.out_dir, stem + ".json"), {
         "benchmark": "optimizer step alone (optimizer Cell on fixed gradients), GRAPH_MODE, CPU",
         "tensors": args.tensors, "values_per_tensor": size, "repeats": args.repeats, "warmup": args.warmup,
+        "floor": f"NumPy copy of array_passes/2 x {args.tensors * size} float32 values on {args.floor_threads} "
+                 f"threads", "array_passes": ARRAY_PASSES,
         "results": rows, "raw_timings_ms": timings})
     labels = list(rows)
     png_path = bar_plot(os.path.join(args.out_dir, stem + ".png"), labels,
