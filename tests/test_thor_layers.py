@@ -129,6 +129,46 @@ def test_dense_factors_float32_under_amp(mode, rng, level):
     _close(l2.matrix_g_cov.asnumpy(), ref.dense_factors(np.zeros((8, 5)), r16)[1], what="G (float32 under amp)")
 
 
+class _ConvEmbNet(nn.Cell):
+    def __init__(self, rng):
+        super().__init__()
+        self.conv = Conv2dThor(2, 3, (3, 2), stride=2, has_bias=True,
+                               weight_init=Tensor(_f32(rng, 3, 2, 3, 2)), bias_init=Tensor(_f32(rng, 3)))
+        self.embed = EmbeddingThor(5, 3, embedding_table=Tensor(_f32(rng, 5, 3)))
+        self.flatten = nn.Flatten()
+
+    def construct(self, x, ids):
+        return self.flatten(self.conv(x)).sum(1, keepdims=True) + self.embed(ids).sum(1)
+
+
+class _LinearLoss2(nn.Cell):
+    def __init__(self, net):
+        super().__init__(auto_prefix=False)
+        self.net = net
+
+    def construct(self, x, ids, r):
+        return ops.reduce_sum(self.net(x, ids) * r)
+
+
+def test_conv_embedding_factors_float32_under_amp(mode, rng):
+    """Conv2dThor and EmbeddingThor under amp O3 (everything float16): A in float32 from the float16
+    input, G finite and stored in float32."""
+    net = _ConvEmbNet(rng)
+    step = nn.TrainOneStepCell(_LinearLoss2(amp.auto_mixed_precision(net, "O3")),
+                               nn.SGD(net.trainable_params(), 0.0))
+    step.set_train()
+    x = _f32(rng, 2, 2, 6, 5, scale=3.0) + 0.123
+    ids = np.array([[1, 1, 4], [0, 1, 3]], np.int32)
+    step(Tensor(x), Tensor(ids), Tensor(_f32(rng, 2, 3)))
+    x16 = x.astype(np.float16).astype(np.float64)
+    a_exp = ref.conv_factors(x16, np.zeros((2, 3, 3, 3)), (3, 2), 2, 1, "same", 0)[0]
+    _close(net.conv.matrix_a_cov.asnumpy(), a_exp, what="conv A (float32 under amp)")
+    _close(net.embed.matrix_a_cov.asnumpy(), ref.embedding_factors(ids, np.zeros((6, 3)), 5)[0], what="emb A")
+    for layer in (net.conv, net.embed):
+        g = layer.matrix_g_cov.asnumpy()
+        assert layer.matrix_g_cov.dtype == mstype.float32 and np.isfinite(g).all() and np.abs(g).max() > 0
+
+
 # ----------------------------------------------------------------------------- Conv2d
 _CONV_CASES = [
     # (out, kernel, stride, pad_mode, padding, dilation, has_bias)

@@ -278,7 +278,11 @@ class ThorLayer(nn.Cell):
     * ``thor_flag``: bool scalar Parameter, initially True (step 0 is a THOR step);
     * ``a_dim`` / ``g_dim``: ints, the sizes of A and G.
 
-    ``from_cell(cell)`` builds the layer from a plain layer, *reusing* its Parameter objects.
+    Both factors are written during the *backward* pass of a training step whose ``thor_flag`` is
+    True (so they are final once the gradients exist, before the optimizer runs); a layer used
+    several times in one step keeps the factors of its first call (the last one the backward pass
+    reaches). ``supports(cell)`` says whether a plain layer converts; ``from_cell(cell)`` builds the
+    layer from it, *reusing* its Parameter objects.
     """
 
     kind: str = ""
