@@ -8,6 +8,7 @@ import pytest
 from mindspore import Parameter, Tensor, nn, ops
 
 from ms_optim.optim import _fused
+from ms_optim.optim._trust_ratio import l2_norm, trust_ratio
 from ms_optim.nn import Lamb
 from reference.lamb_ref import LambReference, centralize
 
@@ -49,6 +50,27 @@ def _check(opt, params, ref, step):
                                    err_msg=f"lamb_m of {p.name} after step {step}")
         np.testing.assert_allclose(opt.moments2[i].asnumpy(), ref.v[i], rtol=RTOL, atol=1e-9,
                                    err_msg=f"lamb_v of {p.name} after step {step}")
+
+
+@ms.jit
+def _ratios(w, u, g, wd, eps, coefficient):
+    lamb_ratio = trust_ratio(l2_norm(w), l2_norm(u))
+    w_norm, g_norm = l2_norm(w), l2_norm(g)
+    lars_ratio = trust_ratio(w_norm, g_norm, g_norm + wd * w_norm + eps, coefficient)
+    return lamb_ratio, lars_ratio
+
+
+@pytest.mark.parametrize("w, u, g, lamb_expected, lars_expected", [
+    ([3.0, 4.0], [0.0, 2.0], [1.0, 0.0], 2.5, 0.5 * 5 / (1 + 0.1 * 5 + 0.5)),
+    ([0.0, 0.0], [1.0, 2.0], [1.0, 0.0], 1.0, 1.0),  # zero weight
+    ([3.0, 4.0], [0.0, 0.0], [0.0, 0.0], 1.0, 1.0),  # zero update / zero gradient
+])
+def test_shared_trust_ratio(mode, w, u, g, lamb_expected, lars_expected):
+    """The one trust-ratio function used by Lamb and LARS, with its zero rules."""
+    f32 = lambda x: Tensor(np.array(x, np.float32))  # noqa: E731
+    lamb_ratio, lars_ratio = _ratios(f32(w), f32(u), f32(g), f32(0.1), f32(0.5), f32(0.5))
+    assert np.isclose(float(lamb_ratio.asnumpy()), lamb_expected, rtol=1e-6)
+    assert np.isclose(float(lars_ratio.asnumpy()), lars_expected, rtol=1e-6)
 
 
 def test_signature_and_state_names():

@@ -42,14 +42,16 @@ def trust_ratio(param_norm: Tensor, update_norm: Tensor, denominator: Optional[T
         update_norm: ``||u||``, a 0-D float tensor; only its being zero matters when ``denominator``
             is given.
         denominator: the divisor; ``None`` means ``update_norm`` (Lamb).
-        coefficient: the scale in front (LARS's ``coefficient``; 1 for Lamb).
+        coefficient: the scale in front (LARS's ``coefficient``; 1 for Lamb); a Tensor when called
+            eagerly in PYNATIVE mode, a float is fine inside compiled code (``construct``, ``jit``).
 
     Returns:
         0-D float tensor: the ratio, exactly 1.0 where ``param_norm == 0`` or ``update_norm == 0``.
     """
     if denominator is None:
         denominator = update_norm
-    both_positive = ops.logical_and(param_norm > 0, update_norm > 0)
+    zero = ops.zeros_like(param_norm)
+    both_positive = ops.logical_and(ops.gt(param_norm, zero), ops.gt(update_norm, zero))
     one = ops.ones_like(param_norm)
     # divide by a safe value so that no inf/nan is ever produced (not even in the branch not taken)
     safe_denominator = ops.select(both_positive, denominator, one)
