@@ -124,6 +124,12 @@ def _load_resume(path: str, cells, steps_per_epoch: int) -> int:
 
 
 def train(args, config: Dict[str, Any], config_text: str) -> int:
+    if config["optimizer"] == "thor":
+        # Load THOR before init(): workers then leave the msrun cluster cleanly at exit.
+        from ms_optim import nn as thor_nn
+        from ms_optim.train_thor import ConvertModelUtils  # noqa: F401
+
+        assert callable(thor_nn.thor)
     rank, size = setup_context(args.device_target, config["mode"], args.run_distribute)
     steps_per_epoch = _steps_per_epoch(config, args.data_path, rank, size)
     total_steps = config["epoch_size"] * steps_per_epoch
