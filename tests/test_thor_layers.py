@@ -312,3 +312,26 @@ def test_signatures_and_from_cell():
         Conv2dThor.from_cell(nn.Conv2d(4, 4, 3, group=2))
     with pytest.raises(ValueError):
         DenseThor(0, 3)
+
+
+class _TwiceShared(nn.Cell):
+    def __init__(self, layer):
+        super().__init__()
+        self.shared = layer
+
+    def construct(self, x, r):
+        return ops.reduce_sum(self.shared(self.shared(x)) * r)
+
+
+def test_layer_called_twice_keeps_first_call_factors(mode, rng):
+    """A layer used twice in a step (GRAPH mode used to report a graph cycle here) stores A and G of
+    the same call: the first, whose backward runs last."""
+    w = _f32(rng, 3, 3)
+    net = _TwiceShared(DenseThor(3, 3, weight_init=Tensor(w), has_bias=False))
+    step = nn.TrainOneStepCell(net, nn.SGD(net.trainable_params(), 0.0))
+    step.set_train()
+    x, r = _f32(rng, 4, 3), _f32(rng, 4, 3)
+    step(Tensor(x), Tensor(r))
+    a_exp, g_exp = ref.dense_factors(x, r @ w)  # first call: input x, output gradient r @ W
+    _close(net.shared.matrix_a_cov.asnumpy(), a_exp, what="A")
+    _close(net.shared.matrix_g_cov.asnumpy(), g_exp, what="G")
