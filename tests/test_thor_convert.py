@@ -123,6 +123,15 @@ def test_convert_replaces_keeps_and_is_idempotent(mode, rng):
             assert np.isfinite(factor).all() and np.abs(factor).max() > 0
 
 
+def test_public_names():
+    """The facades expose these classes under MindSpore's names."""
+    from ms_optim import nn as ms_optim_nn
+    from ms_optim import train_thor
+    assert train_thor.ConvertNetUtils is ConvertNetUtils
+    assert (ms_optim_nn.DenseThor, ms_optim_nn.Conv2dThor, ms_optim_nn.EmbeddingThor) == \
+        (DenseThor, Conv2dThor, EmbeddingThor)
+
+
 def test_checkpoint_round_trip(tmp_path, rng):
     """A converted net's checkpoint loads into the plain net and back; outputs agree."""
     ms.set_context(mode=ms.PYNATIVE_MODE)

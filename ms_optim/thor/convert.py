@@ -28,14 +28,14 @@ from mindspore import nn
 from ms_optim._validation import check_type
 from ms_optim.thor.layers import Conv2dThor, DenseThor, EmbeddingThor, ThorLayer
 
-__all__ = ["ConvertNetUtils", "thor_layer_class_for"]
+__all__ = ["ConvertNetUtils", "thor_class_for"]
 
 _THOR_CLASSES = (DenseThor, Conv2dThor, EmbeddingThor)
 _FACTOR_ATTRS = ("matrix_a_cov", "matrix_g_cov", "thor_flag")
 _PRECISION_FLAGS = ("fp16", "fp32", "bf16")
 
 
-def thor_layer_class_for(cell: nn.Cell) -> Optional[type]:
+def thor_class_for(cell: nn.Cell) -> Optional[type]:
     """The THOR class that converts ``cell``, or None if ``cell`` stays as it is."""
     if isinstance(cell, ThorLayer):
         return None
@@ -59,7 +59,7 @@ class ConvertNetUtils:
         check_type("net", net, nn.Cell, "ConvertNetUtils", what="a Cell")
         found = []
         for name, cell in net.cells_and_names():
-            if isinstance(cell, ThorLayer) or thor_layer_class_for(cell) is not None:
+            if isinstance(cell, ThorLayer) or thor_class_for(cell) is not None:
                 found.append((name, cell))
         return found
 
@@ -88,7 +88,7 @@ class ConvertNetUtils:
                 continue
             new = replaced.get(id(child))
             if new is None:
-                cls = thor_layer_class_for(child)
+                cls = thor_class_for(child)
                 if cls is None:
                     self._convert_children(child, replaced, visited, names_in_use, paths)
                     continue
