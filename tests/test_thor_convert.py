@@ -178,6 +178,10 @@ def test_unsupported_layers_stay_and_amp_after_conversion(mode, rng):
     assert type(net[0]) is _MyDense and isinstance(net[1], DenseThor) and isinstance(net[2], nn.BatchNorm1d)
     with pytest.raises(TypeError, match="net"):
         ConvertNetUtils().convert_to_thor_net("not a net")
+    bare = nn.Dense(2, 2)  # the root cell cannot be replaced in place: stays plain, and is no candidate
+    assert ConvertNetUtils().convert_to_thor_net(bare) is bare and type(bare) is nn.Dense
+    assert not ConvertNetUtils.thor_candidates(bare)
+    assert [n for n, _ in ConvertNetUtils.thor_candidates(net)] == ["1"]
     dense = net[1]
     wrapped = amp.auto_mixed_precision(net, "O3" if mode == "graph" else "O2")
     step = nn.TrainOneStepCell(nn.WithLossCell(wrapped, nn.MSELoss()), nn.SGD(net.trainable_params(), 0.0))

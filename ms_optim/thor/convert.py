@@ -15,9 +15,10 @@ objects. Hence:
 
 What stays a plain, first-order layer (documented, never an error): grouped or depthwise
 convolutions (``group > 1``), ``data_format='NHWC'`` convolutions, subclasses of the plain layers (their
-forward may differ; only the exact classes are converted), other layer types, and layers whose
-weight has ``requires_grad=False`` (frozen: nothing to precondition). No layer is special-cased by
-its name.
+forward may differ; only the exact classes are converted), other layer types (``nn.EmbeddingLookup``,
+``nn.Conv1d``, transposed convolutions, ...), and layers whose weight has ``requires_grad=False``
+(frozen: nothing to precondition). No layer is special-cased by its name. The cell passed as ``net``
+is never replaced itself (a bare ``nn.Dense`` as the whole network stays plain: wrap it in a Cell).
 """
 from __future__ import annotations
 
@@ -55,11 +56,14 @@ class ConvertNetUtils:
     @staticmethod
     def thor_candidates(net: nn.Cell) -> List[Tuple[str, nn.Cell]]:
         """``(name, cell)`` of every layer THOR would precondition: THOR layers already there and the
-        plain layers ``convert_to_thor_net`` would convert. Touches nothing (for validation)."""
+        plain layers ``convert_to_thor_net`` would convert. Touches nothing (for validation).
+
+        ``net`` itself is included only if it is already a THOR layer: a bare plain layer passed as the
+        whole network cannot be replaced in place (wrap it in a Cell)."""
         check_type("net", net, nn.Cell, "ConvertNetUtils", what="a Cell")
         found = []
         for name, cell in net.cells_and_names():
-            if isinstance(cell, ThorLayer) or thor_class_for(cell) is not None:
+            if isinstance(cell, ThorLayer) or (cell is not net and thor_class_for(cell) is not None):
                 found.append((name, cell))
         return found
 
