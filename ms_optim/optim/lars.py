@@ -242,7 +242,9 @@ class LARS(OptimizerBase):
         self.use_fused = kernel is not None
         if self.use_fused:
             self.fused_kernel = kernel
-            self.apply_momentum = optimizer.opt  # the wrapped Momentum's own ApplyMomentum primitive
+            # rejected parameters: the same primitive (and kernel) nn.Momentum runs, a new instance
+            # so that not even the wrapped optimizer's primitive gets renamed
+            self.apply_momentum = ops.ApplyMomentum(use_nesterov=optimizer.use_nesterov)
             self.fused_hyper = Tensor([coefficient, epsilon, 1.0 if use_clip else 0.0], ms.float32)
 
     @property
