@@ -47,13 +47,17 @@ class _HalvingLR(LearningRateSchedule):
         return 0.4 / ops.pow(2.0, ops.cast(global_step, ms.float32))
 
 
-def test_reference_list_lr_decay_filter_and_averaging(mode, rng):
+@pytest.mark.parametrize("fused", [True, False], ids=["fused", "composite"])
+def test_reference_list_lr_decay_filter_and_averaging(mode, rng, fused, monkeypatch):
     """Ungrouped: per-step lr list, weight decay skipping 'gamma'/'beta', t0 = 2 so that averaging
-    (mu < 1) starts at step 4 and the ax update takes both branches."""
+    (mu < 1) starts at step 4 and the ax update takes both branches. Both the fused in-place update
+    (CPU default) and the composite ops (other devices, MS_OPTIM_FUSED=0)."""
+    monkeypatch.setenv("MS_OPTIM_FUSED", "1" if fused else "0")
     spec = [("dense.weight", (5, 6)), ("dense.bias", (5,)), ("norm.gamma", (6,)), ("norm.beta", (6,))]
     params, arrays = _params(rng, spec)
     lrs = [0.3, 0.2, 0.15, 0.1, 0.08, 0.05]
     opt = ASGD(params, learning_rate=lrs, lambd=0.05, alpha=0.6, t0=2.0, weight_decay=0.02)
+    assert opt.use_fused == fused
     ref = ASGDReference(arrays, lambd=0.05, alpha=0.6, t0=2.0)
     wds = [0.02, 0.02, 0.0, 0.0]
     for step in range(len(lrs)):
@@ -96,6 +100,7 @@ def test_reference_fused_form_edge_cases(mode, rng):
     for lambd, lr in ((1.0, 1.0), (2.0, 1.0), (0.0, 0.25)):
         params, arrays = _params(rng, [("w", (7,)), ("v", (2, 3))])
         opt = ASGD(params, learning_rate=lr, lambd=lambd, alpha=0.5)
+        assert opt.use_fused  # CPU, float32
         ref = ASGDReference(arrays, lambd=lambd, alpha=0.5)
         for step in range(2):
             grads = [rng.standard_normal(a.shape).astype(np.float32) for a in arrays]

@@ -1,12 +1,13 @@
 """ASGD: averaged stochastic gradient descent (Polyak & Juditsky, 1992), written from ``mindspore.ops``.
 
 The update follows what MindSpore 2.x's ASGD *code* computes (its docstring differs): see
-:class:`ASGD`. The parameter update runs as one fused in-place kernel per parameter
-(``ApplyProximalGradientDescent``, which has CPU, GPU and Ascend kernels) instead of four
-elementwise passes, so it touches each array once.
+:class:`ASGD`. On CPU the weight update runs as one fused in-place MindSpore kernel per parameter
+(``ApplyProximalGradientDescent``) instead of four elementwise passes; elsewhere, and with
+``MS_OPTIM_FUSED=0``, it runs the composite float32 ops MindSpore's own ASGD runs.
 """
 from __future__ import annotations
 
+import os
 from typing import List, Union
 
 import mindspore as ms
@@ -17,6 +18,18 @@ from ms_optim import _validation as V
 from ms_optim.optim._base import OptimizerBase, check_learning_rate, check_params, check_weight_decay
 
 __all__ = ["ASGD"]
+
+
+def _fused_update_available() -> bool:
+    """The in-place fused weight update is used on CPU (where its kernel is measured and tested),
+    unless ``MS_OPTIM_FUSED=0``, and while MindSpore still ships the primitive (deprecated in 2.10).
+    Elsewhere ASGD runs the composite float32 ops, as MindSpore's own ASGD does."""
+    if os.environ.get("MS_OPTIM_FUSED", "1") == "0":
+        return False
+    if ms.get_context("device_target") != "CPU":
+        return False
+    return hasattr(ops, "ApplyProximalGradientDescent")
+
 
 # 1 - l2*eta == 0 in float32 means the exact value is within half an ulp of 1 (2**-24) of zero;
 # using 2**-24 there keeps the fused form finite and is as accurate as float32 allows.
@@ -43,11 +56,13 @@ class ASGD(OptimizerBase):
     :math:`\eta_t = 1/(1+\lambda\, lr\, t)^\alpha` and :math:`ax_t = (w_t - ax_{t-1})\mu_{t-1}`;
     its code, and this class, compute the formulas above.
 
-    For float32 parameters the first line runs as one fused in-place kernel,
+    On CPU, for float32 parameters, the first line runs as one fused in-place kernel,
     ``ApplyProximalGradientDescent`` with :math:`l_1 = 0`, :math:`l_2 = \lambda + \lambda_w` and step
     :math:`a = \eta / (1 - l_2\eta)`, because :math:`(w - a g) / (1 + a l_2) = (1 - l_2 \eta) w - \eta g`
-    exactly (equal to float32 rounding; :math:`1 - l_2\eta = 0` is replaced by :math:`2^{-24}`).
-    Other dtypes compute in float32 and cast back, as MindSpore does. Where a group enables
+    exactly (equal to float32 rounding; :math:`1 - l_2\eta = 0` is replaced by :math:`2^{-24}`);
+    ``use_fused`` tells whether it is used, and the environment variable ``MS_OPTIM_FUSED=0`` turns
+    it off. Elsewhere (other devices, other dtypes) the update is computed in float32 with
+    composite ops and cast back, as MindSpore does. Where a group enables
     ``grad_centralization``, its weight decay is added to the gradient before centralizing, as in
     MindSpore.
 
@@ -123,7 +138,9 @@ class ASGD(OptimizerBase):
         self.lens = self.param_length
         gc_flags = self.grad_centralization_flags if self.is_group else (False,) * self.param_length
         # Static per-parameter choices, resolved before compiling.
-        self._fused = tuple(p.dtype == ms.float32 for p in self._parameters)
+        fusable = _fused_update_available()
+        self._fused = tuple(fusable and p.dtype == ms.float32 for p in self._parameters)
+        self.use_fused = any(self._fused)
         self._decay_in_grad = tuple(bool(self.exec_weight_decay and d and gc)
                                     for d, gc in zip(self.decay_flags, gc_flags))
         self._decay_in_l2 = tuple(bool(self.exec_weight_decay and d and not gc)
@@ -132,7 +149,7 @@ class ASGD(OptimizerBase):
         self._zero = Tensor(0.0, ms.float32)
         self._one = Tensor(1.0, ms.float32)
         self._tiny = Tensor(_TINY, ms.float32)
-        self.prox = ops.ApplyProximalGradientDescent()
+        self.prox = ops.ApplyProximalGradientDescent() if self.use_fused else None
         self._l2_decay_mask = Tensor([1.0 if d else 0.0 for d in self._decay_in_l2], ms.float32)
         self._l2_lambd_only = Tensor([lambd] * self.param_length, ms.float32)
 
