@@ -10,7 +10,6 @@ fresh A before the optimizer reads it: the trajectory is exactly the one without
 import os
 
 import numpy as np
-import pytest
 
 import mindspore as ms
 from mindspore import Tensor, nn, ops

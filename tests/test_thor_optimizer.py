@@ -11,7 +11,6 @@ schedule, and the clear error past the end of the learning-rate/damping Tensors.
 import numpy as np
 import pytest
 
-import mindspore as ms
 from mindspore import Tensor, nn, ops
 
 from ms_optim.thor import preconditioner as pc
@@ -182,7 +181,7 @@ def test_conv_matches_reference(mode, rng):
     ref = ThorReference(ConvRef((3, 2), (2, 2), (2, 2), (1, 1, 1, 1)), _params(net), lr, damping, 0.9,
                         batch_size=8, frequency=3)
     opt = thor(net, Tensor(lr), Tensor(damping), 0.9, batch_size=8, frequency=3)
-    assert [type(c).__name__ for c in opt.thor_layers] == ["Conv2dThor", "DenseThor"]
+    assert [type(c).__name__ for c in opt.thor_cells] == ["Conv2dThor", "DenseThor"]
     assert opt.a_layouts[0].n == 3 * 3 * 2
     batches = [(rng.standard_normal((8, 3, 9, 9)).astype(np.float32), rng.integers(0, 5, 8).astype(np.int32))
                for _ in range(steps)]
@@ -203,7 +202,7 @@ def test_embedding_dense_layernorm_matches_reference(mode, rng):
                         decay_filter=keep, frequency=2, layernorm=("ln",))
     opt = thor(net, Tensor(lr), Tensor(damping), 0.9, weight_decay=0.005, batch_size=8, frequency=2,
                decay_filter=lambda p: keep(p.name))
-    assert [c.kind for c in opt.thor_layers] == ["embedding", "dense", "dense"]
+    assert [c.kind for c in opt.thor_cells] == ["embedding", "dense", "dense"]
     batches = [(rng.integers(0, 12, (8, 3)).astype(np.int32), rng.integers(0, 4, 8).astype(np.int32))
                for _ in range(steps)]
     _run(net, ref, _train_cell(net, opt), batches)
@@ -220,7 +219,7 @@ def test_identity_factors_damping_zero_equals_momentum(mode, rng):
         p.set_data(Tensor(q.asnumpy()))
     lr = Tensor(np.array([0.1, 0.05, 0.02], np.float32))
     opt = thor(net, lr, Tensor(np.zeros(steps, np.float32)), 0.9, loss_scale=4.0, frequency=2)
-    for layer in opt.thor_layers:
+    for layer in opt.thor_cells:
         layer.matrix_a_cov.set_data(Tensor(np.eye(layer.a_dim, dtype=np.float32)))
         layer.matrix_g_cov.set_data(Tensor(16.0 * np.eye(layer.g_dim, dtype=np.float32)))
     momentum = nn.Momentum(plain.trainable_params(), lr, 0.9, loss_scale=4.0)
@@ -240,7 +239,7 @@ def test_thor_flag_schedule_and_damping_end(mode, rng):
     _init_params(net, rng)
     lr = Tensor(np.full(10, 0.05, np.float32))
     opt = thor(net, lr, Tensor(np.full(5, 0.1, np.float32)), 0.9, batch_size=4, frequency=3)
-    assert all(bool(layer.thor_flag.asnumpy()) for layer in opt.thor_layers)  # step 0 is a THOR step
+    assert all(bool(layer.thor_flag.asnumpy()) for layer in opt.thor_cells)  # step 0 is a THOR step
     cell = _train_cell(net, opt)
     before = opt.matrix_a_inv[1].asnumpy().copy()
     for t in range(5):
@@ -249,7 +248,7 @@ def test_thor_flag_schedule_and_damping_end(mode, rng):
         after = opt.matrix_a_inv[1].asnumpy().copy()
         assert (not np.array_equal(before, after)) == (t % 3 == 0), f"step {t}"
         before = after
-        for layer in opt.thor_layers:
+        for layer in opt.thor_cells:
             assert bool(layer.thor_flag.asnumpy()) == ((t + 1) % 3 == 0)
         assert int(opt.global_step.asnumpy()[0]) == t + 1
     with pytest.raises(ValueError, match="'damping'"):
@@ -261,9 +260,10 @@ def test_public_attributes():
     opt = thor(net, Tensor(np.float32(0.1)), Tensor(np.float32(0.01)), 0.9, frequency=7, split_indices=[0, 1])
     assert isinstance(opt, ThorOptimizer) and isinstance(opt, nn.Optimizer)
     assert opt.get_frequency() == opt.frequency == 7
-    assert all(isinstance(c, ThorLayer) for c in opt.thor_layers) and opt.num_layers == 2
+    assert all(isinstance(c, ThorLayer) for c in opt.thor_cells) and opt.num_layers == 2
     names = {p.name for p in opt.get_parameters()}
-    assert {"matrix_a_inv_0", "matrix_a_inv_1", "matrix_g_inv_0", "matrix_g_inv_1", "global_step",
+    assert {"matrix_a_inv_blocks_0", "matrix_a_inv_blocks_1", "matrix_g_inv_blocks_0", "matrix_g_inv_blocks_1",
+            "global_step", "momentum",
             "moments.fc1.weight", "moments.fc2.bias"} <= names
     assert opt.matrix_a_inv[0].shape == (1, 6, 6) and opt.matrix_g_inv[0].shape == (1, 5, 5)
     assert opt.split_indices == [0, 1]

@@ -42,7 +42,6 @@ so a singular or non-finite factor never puts NaN into the parameters.
 """
 from __future__ import annotations
 
-import numbers
 from typing import Any, Callable, List, Optional, Sequence
 
 import numpy as np
@@ -61,7 +60,7 @@ from ms_optim.thor import preconditioner as pc
 from ms_optim.thor.layers import ThorLayer
 from ms_optim.thor.parallel import FactorAllReduce
 
-__all__ = ["thor", "ThorOptimizer", "count_thor_layers"]
+__all__ = ["thor", "ThorOptimizer", "count_thor_cells"]
 
 _NAME = "thor"
 
@@ -126,7 +125,7 @@ def _plain_convertible(cell: nn.Cell) -> bool:
     return False
 
 
-def count_thor_layers(net: nn.Cell) -> int:
+def count_thor_cells(net: nn.Cell) -> int:
     """Number of THOR layers ``net`` has, or will have once converted (the converter is not run)."""
     count = 0
     for _, cell in net.cells_and_names():
@@ -172,7 +171,7 @@ def _validate(net, learning_rate, damping, momentum, weight_decay, loss_scale, b
                          f"but got {describe(inverse)}.")
     check_int("block_size", block_size, _NAME)
     check_positive("block_size", block_size, _NAME)
-    num_layers = count_thor_layers(net)
+    num_layers = count_thor_cells(net)
     if num_layers == 0:
         raise ValueError(f"For '{_NAME}', the argument 'net' must contain at least one layer THOR can "
                          f"precondition (nn.Dense, nn.Conv2d with group 1, nn.Embedding or their THOR "
@@ -205,10 +204,13 @@ class ThorOptimizer(Optimizer):
 
     * ``frequency`` (int) and ``get_frequency()``; ``global_step`` (int32 Parameter, shape (1,)): the
       step t; t is a THOR step iff ``t % frequency == 0``;
-    * ``thor_layers`` (tuple of ``ThorLayer``), in ``net.cells_and_names()`` order; ``num_layers``;
-    * ``matrix_a_inv`` / ``matrix_g_inv`` (ParameterTuples, names ``matrix_a_inv_<i>`` /
-      ``matrix_g_inv_<i>``): the stored inverses, ``(nblocks, bs, bs)`` (embedding A: ``(vocab,)``);
-      ``a_layouts`` / ``g_layouts``: their ``BlockLayout``\ s;
+    * ``thor_cells`` (tuple of ``ThorLayer``), in ``net.cells_and_names()`` order; ``num_layers``;
+    * ``matrix_a_inv`` / ``matrix_g_inv`` (ParameterTuples, names ``matrix_a_inv_blocks_<i>`` /
+      ``matrix_g_inv_blocks_<i>``): the stored inverses, ``(nblocks, bs, bs)`` (embedding A:
+      ``(vocab,)``); ``a_layouts`` / ``g_layouts``: their ``BlockLayout``\ s. (MindSpore calls its
+      inverses ``matrix_a_inv_<i>`` with other, device-specific shapes -- 4-D on GPU, float16
+      fractal blocks on Ascend; distinct names let a MindSpore THOR checkpoint load here without a
+      shape clash: its inverses are skipped and recomputed on the next THOR step.)
     * ``moments`` (``moments.<param name>``), ``momentum`` (Parameter), ``learning_rate`` (as
       ``nn.Optimizer``), ``damping`` (float32 Tensor), ``loss_scale``, ``batch_size``,
       ``weight_decay`` (float), ``decay_flags``, ``use_nesterov``, ``enable_clip_grad``,
@@ -271,23 +273,23 @@ class ThorOptimizer(Optimizer):
         if len(layers) != num_layers:
             raise RuntimeError(f"For '{_NAME}', converting the net gave {len(layers)} THOR layers where "
                                f"{num_layers} were expected.")
-        self.thor_layers = tuple(layers)
+        self.thor_cells = tuple(layers)
         self.num_layers = len(layers)
         block = self.block_size if self.inverse == "blocked" else None
         a_layouts, g_layouts, a_inv, g_inv = [], [], [], []
         for i, layer in enumerate(layers):
             g_layout = pc.BlockLayout(int(layer.g_dim), block)
             g_layouts.append(g_layout)
-            g_inv.append(Parameter(Tensor(pc.identity_blocks(g_layout)), name=f"matrix_g_inv_{i}",
+            g_inv.append(Parameter(Tensor(pc.identity_blocks(g_layout)), name=f"matrix_g_inv_blocks_{i}",
                                    requires_grad=False))
             if layer.kind == "embedding":
                 a_layouts.append(None)
-                a_inv.append(Parameter(Tensor(np.ones((int(layer.a_dim),), np.float32)), name=f"matrix_a_inv_{i}",
-                                       requires_grad=False))
+                a_inv.append(Parameter(Tensor(np.ones((int(layer.a_dim),), np.float32)),
+                                       name=f"matrix_a_inv_blocks_{i}", requires_grad=False))
             else:
                 a_layout = pc.BlockLayout(int(layer.a_dim), block)
                 a_layouts.append(a_layout)
-                a_inv.append(Parameter(Tensor(pc.identity_blocks(a_layout)), name=f"matrix_a_inv_{i}",
+                a_inv.append(Parameter(Tensor(pc.identity_blocks(a_layout)), name=f"matrix_a_inv_blocks_{i}",
                                        requires_grad=False))
         self.a_layouts = tuple(a_layouts)
         self.g_layouts = tuple(g_layouts)
@@ -312,7 +314,7 @@ class ThorOptimizer(Optimizer):
     def _map_parameters(self, net: nn.Cell) -> None:
         """Per trainable parameter: how its gradient is treated and which layer it belongs to."""
         role = {}
-        for i, layer in enumerate(self.thor_layers):
+        for i, layer in enumerate(self.thor_cells):
             weight = layer.weight_param()
             role[id(weight)] = (_EMBEDDING if layer.kind == "embedding" else _MATRIX, i)
         for _, cell in net.cells_and_names():
@@ -325,7 +327,7 @@ class ThorOptimizer(Optimizer):
         for j, param in enumerate(self._parameters):
             kind, owner = role.get(id(param), (_PLAIN, -1))
             if kind in (_MATRIX, _EMBEDDING):
-                layer = self.thor_layers[owner]
+                layer = self.thor_cells[owner]
                 expected = (layer.g_dim, layer.a_dim) if kind == _MATRIX else (layer.a_dim, layer.g_dim)
                 rows, cols = int(param.shape[0]), int(np.prod(param.shape[1:]))
                 if (rows, cols) != tuple(int(x) for x in expected):
@@ -413,12 +415,14 @@ class ThorOptimizer(Optimizer):
             i = self.param_layers[j]
             if kind == _MATRIX:
                 shape = g.shape
-                g2 = ops.reshape(g, (shape[0], -1))
+                g2 = ops.reshape(ops.cast(g, mstype.float32), (shape[0], -1))
                 g2 = pc.precondition_matrix(g2, self.matrix_g_inv[i], self.matrix_a_inv[i], self.g_geom[i],
                                             self.a_geom[i])
-                g = ops.reshape(g2, shape)
+                g = ops.cast(ops.reshape(g2, shape), F.dtype(g))
             elif kind == _EMBEDDING:
-                g = pc.precondition_embedding(g, self.matrix_a_inv[i], self.matrix_g_inv[i], self.g_geom[i])
+                g32 = ops.cast(g, mstype.float32)
+                g = ops.cast(pc.precondition_embedding(g32, self.matrix_a_inv[i], self.matrix_g_inv[i], self.g_geom[i]),
+                             F.dtype(g))
             elif kind == _LAYERNORM:
                 g = pc.precondition_layernorm(g, lam, float(self.batch_size))
             new_grads += (g,)
@@ -455,7 +459,7 @@ class ThorOptimizer(Optimizer):
 def thor(net, learning_rate, damping, momentum, weight_decay=0.0, loss_scale=1.0, batch_size=32,
          use_nesterov=False, decay_filter=lambda x: x.name not in [], split_indices=None, enable_clip_grad=False,
          frequency=100, *, inverse="blocked", block_size=128):
-    r"""THOR, the second-order optimizer: MindSpore's ``nn.thor`` signature, on every backend.
+    r"""THOR, the second-order optimizer, with the signature of MindSpore's THOR factory, on every backend.
 
     Validates every argument first (a refused call leaves ``net`` untouched), then converts ``net``
     in place (``nn.Dense``/``nn.Conv2d``/``nn.Embedding`` -> their THOR versions, which collect the
