@@ -3,7 +3,8 @@
 Per optimizer: the argument table (good sets accepted; bad sets refused with the documented type and a
 message naming the argument and the value), the public signature (= MindSpore's hidden one), the
 numeric update against the float64 reference for parameter groups/order_params, every learning-rate
-form, weight decay as a number or a Cell and the default beta/gamma decay filter; a learning-rate list
+form (int, float, 0-D and 1-D Tensor, list, LearningRateSchedule), weight decay as a number or a Cell
+and the default beta/gamma decay filter; a learning-rate list
 shorter than the steps trained; TrainOneStepCell (= calling the optimizer directly);
 TrainOneStepWithLossScaleCell with an overflowing step (parameters and every optimizer state Parameter
 bitwise untouched); Model.train with and without dataset sink (= the manual loop); and checkpoints
@@ -98,7 +99,9 @@ class _HalvingLR(LearningRateSchedule):
 
 
 PLAIN = [("dense.weight", (5, 6)), ("dense.bias", (5,)), ("norm.gamma", (6,)), ("norm.beta", (6,))]
-GROUPED = [("conv.weight", (4, 16, 2, 2)), ("dense.weight", (3, 4)), ("dense.bias", (3,)), ("bn.gamma", (4,))]
+GROUPED = [("conv.weight", (4, 16, 2, 2)), ("dense.weight", (3, 4)), ("dense.bias", (3,)), ("bn.gamma", (4,)),
+           ("head.weight", (2, 3)), ("head.bias", (2,))]
+GROUPED_ORDER = ["dense.weight", "dense.bias", "conv.weight", "bn.gamma", "head.bias", "head.weight"]
 STEPS = 4
 LIST_LR = [0.05, 0.04, 0.03, 0.02]
 
@@ -118,12 +121,18 @@ def _config(name, params, info):
         if info.centralization:
             first["grad_centralization"] = True
             centralized = ("conv.weight", "dense.weight")
-        groups = [first, {"params": [by["dense.bias"], by["bn.gamma"]], "lr": _HalvingLR()},
-                  {"order_params": [by["dense.weight"], by["dense.bias"], by["conv.weight"], by["bn.gamma"]]}]
-        # grouped: no name filter ('gamma' decays); the second group takes the optimizer's Cell decay
-        return (groups, Tensor(0.1), _StepWeightDecay(),
-                lambda n, s: LIST_LR[s] if n.endswith("weight") else 0.2 / 2 ** s,
-                lambda n, s: 0.02 if n.endswith("weight") else 0.01 + 0.005 * s, centralized)
+        groups = [first,
+                  {"params": [by["dense.bias"], by["bn.gamma"]], "lr": _HalvingLR()},  # schedule, default decay
+                  {"params": [by["head.weight"]], "lr": 0.03, "weight_decay": 0.0},  # float lr, no decay
+                  {"params": [by["head.bias"]]},  # the optimizer's 0-D Tensor lr and Cell decay
+                  {"order_params": [by[n] for n in GROUPED_ORDER]}]
+        lr_of = {"conv.weight": lambda s: LIST_LR[s], "dense.weight": lambda s: LIST_LR[s],
+                 "dense.bias": lambda s: 0.2 / 2 ** s, "bn.gamma": lambda s: 0.2 / 2 ** s,
+                 "head.weight": lambda s: 0.03, "head.bias": lambda s: 0.1}
+        # grouped: no name filter ('gamma' decays); groups without their own decay take the Cell's
+        wd_of = {"conv.weight": 0.02, "dense.weight": 0.02, "head.weight": 0.0}
+        return (groups, Tensor(0.1), _StepWeightDecay(), lambda n, s: lr_of[n](s),
+                lambda n, s: wd_of.get(n, 0.01 + 0.005 * s), centralized)
     raise KeyError(name)
 
 
@@ -140,7 +149,7 @@ def test_update_matches_reference(info, config, mode, rng):
     opt = info.make(groups, learning_rate=lr, weight_decay=wd, **info.hyper)
     order = [p.name for p in opt.parameters]
     if config.startswith("groups"):
-        assert order == ["dense.weight", "dense.bias", "conv.weight", "bn.gamma"]
+        assert order == GROUPED_ORDER
     ref = info.reference([arrays[n] for n in order], order, [n in centralized for n in order], **info.hyper)
     for step in range(STEPS):
         grads = [rng.standard_normal(arrays[n].shape).astype(np.float32) for n in order]
