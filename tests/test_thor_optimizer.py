@@ -178,7 +178,7 @@ def test_conv_matches_reference(mode, rng):
     net = ConvNet()
     _init_params(net, rng)
     lr, damping = _schedules(steps)
-    ref = ThorReference(ConvRef((3, 2), (2, 2), (2, 2), (1, 1, 1, 1)), _params(net), lr, damping, 0.9,
+    ref = ThorReference(ConvRef((3, 2), 2, 2, 1), _params(net), lr, damping, 0.9,
                         batch_size=8, frequency=3)
     opt = thor(net, Tensor(lr), Tensor(damping), 0.9, batch_size=8, frequency=3)
     assert [type(c).__name__ for c in opt.thor_cells] == ["Conv2dThor", "DenseThor"]

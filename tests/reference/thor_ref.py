@@ -15,9 +15,9 @@ not from the implementation. One :class:`ThorReference` step on a batch:
     g <- g + wd * w (decay_filter), g <- g / max(||g||, 1) (clip), accum <- m accum + g,
     w <- w - lr[t] * accum (Nesterov: w <- w - lr[t] * (g + m accum)); t <- t + 1
 
-Factors (the layers' documented formulas; N rows, d = dL/ds, B the batch, T positions):
-Dense ``A = a^T a / N``, ``G = N d^T d``; Conv2d ``A = sum p p^T / (B T)``, ``G = B sum d d^T``;
-Embedding ``A = counts / N`` (diagonal), ``G = N d^T d``. The loss scale does not appear: the
+Factors (the layers' documented formulas, from ``reference.thor_factors``; N rows, d = dL/ds, B the
+batch, T positions): Dense ``A = a^T a / N``, ``G = N d^T d``; Conv2d ``A = sum p p^T / (B T)``,
+``G = B sum d d^T``; Embedding ``A = counts / N`` (diagonal), ``G = N d^T d``. The loss scale does not appear: the
 oracle is the unscaled trajectory, which every loss scale must reproduce.
 
 The three test nets (``MLPRef``, ``ConvRef``, ``EmbedRef``) mirror the MindSpore nets built in
@@ -29,6 +29,8 @@ import math
 from typing import Callable, Dict, Optional, Sequence, Tuple
 
 import numpy as np
+
+from reference import thor_factors as tf  # the layers' factor formulas and im2col (one specification)
 
 Array = np.ndarray
 
@@ -44,45 +46,6 @@ def softmax_xent(logits: Array, labels: Array) -> Tuple[float, Array]:
     d = p.copy()
     d[np.arange(n), labels] -= 1.0
     return float(loss), d / n
-
-
-def im2col(x: Array, kernel: Tuple[int, int], stride: Tuple[int, int], dilation: Tuple[int, int],
-           pads: Tuple[int, int, int, int]) -> Tuple[Array, int, int]:
-    """Patches ``(B, T, C*kh*kw)`` ordered (channel, kernel row, kernel column), and (H_out, W_out)."""
-    b, c, h, w = x.shape
-    kh, kw = kernel
-    xp = np.pad(x, ((0, 0), (0, 0), (pads[0], pads[1]), (pads[2], pads[3])))
-    hp, wp = xp.shape[2], xp.shape[3]
-    eh, ew = (kh - 1) * dilation[0] + 1, (kw - 1) * dilation[1] + 1
-    ho, wo = (hp - eh) // stride[0] + 1, (wp - ew) // stride[1] + 1
-    cols = np.empty((b, ho, wo, c, kh, kw), dtype=x.dtype)
-    for i in range(kh):
-        for j in range(kw):
-            r0, c0 = i * dilation[0], j * dilation[1]
-            patch = xp[:, :, r0:r0 + stride[0] * (ho - 1) + 1:stride[0], c0:c0 + stride[1] * (wo - 1) + 1:stride[1]]
-            cols[:, :, :, :, i, j] = patch.transpose(0, 2, 3, 1)
-    return cols.reshape(b, ho * wo, c * kh * kw), ho, wo
-
-
-def dense_factors(a: Array, d: Array) -> Tuple[Array, Array]:
-    """Dense: ``A = a^T a / N``, ``G = N d^T d`` (rows are samples)."""
-    n = a.shape[0]
-    return a.T @ a / n, n * (d.T @ d)
-
-
-def conv_factors(patches: Array, d: Array) -> Tuple[Array, Array]:
-    """Conv2d: ``A = sum p p^T / (B T)``, ``G = B sum d d^T``; patches (B,T,K), d (B,T,out)."""
-    b, t, k = patches.shape
-    p = patches.reshape(b * t, k)
-    dd = d.reshape(b * t, -1)
-    return p.T @ p / (b * t), b * (dd.T @ dd)
-
-
-def embedding_factors(ids: Array, d: Array, vocab: int) -> Tuple[Array, Array]:
-    """Embedding: ``A = counts / N`` (diagonal), ``G = N d^T d``; ids (N,), d (N, E)."""
-    n = ids.size
-    counts = np.bincount(ids.reshape(-1), minlength=vocab).astype(np.float64)
-    return counts / n, n * (d.T @ d)
 
 
 def layernorm_forward(x: Array, gamma: Array, beta: Array, eps: float):
@@ -127,7 +90,7 @@ class MLPRef:
         loss, d2 = softmax_xent(s2, y)
         d1 = (d2 @ p["fc2.weight"]) * (s1 > 0)
         grads = {"fc2.weight": d2.T @ h1, "fc2.bias": d2.sum(0), "fc1.weight": d1.T @ x, "fc1.bias": d1.sum(0)}
-        factors = {"fc1": dense_factors(x, d1), "fc2": dense_factors(h1, d2)}
+        factors = {"fc1": tf.dense_factors(x, d1), "fc2": tf.dense_factors(h1, d2)}
         return loss, grads, factors
 
 
@@ -136,13 +99,14 @@ class ConvRef:
 
     layers = (("conv", "conv"), ("fc", "dense"))
 
-    def __init__(self, kernel, stride, dilation, pads):
-        self.kernel, self.stride, self.dilation, self.pads = kernel, stride, dilation, pads
+    def __init__(self, kernel, stride, dilation, padding):
+        self.conv_args = dict(kernel_size=kernel, stride=stride, dilation=dilation, pad_mode="pad", padding=padding)
 
     def forward_backward(self, p: Dict[str, Array], x: Array, y: Array):
         w = p["conv.weight"]
         out_c = w.shape[0]
-        patches, ho, wo = im2col(x, self.kernel, self.stride, self.dilation, self.pads)
+        _, (ho, wo) = tf.conv_geometry(x.shape[2], x.shape[3], **self.conv_args)
+        patches = tf.im2col(x, **self.conv_args)                         # (B, T, C*kh*kw)
         s = patches @ w.reshape(out_c, -1).T + p["conv.bias"]          # (B, T, out)
         h = np.maximum(s, 0.0)
         b = x.shape[0]
@@ -154,7 +118,8 @@ class ConvRef:
         grads = {"fc.weight": d_fc.T @ flat, "fc.bias": d_fc.sum(0),
                  "conv.weight": np.einsum("bto,btk->ok", d_s, patches).reshape(w.shape),
                  "conv.bias": d_s.sum((0, 1))}
-        factors = {"conv": conv_factors(patches, d_s), "fc": dense_factors(flat, d_fc)}
+        d_nchw = d_s.transpose(0, 2, 1).reshape(b, out_c, ho, wo)
+        factors = {"conv": tf.conv_factors(x, d_nchw, **self.conv_args), "fc": tf.dense_factors(flat, d_fc)}
         return loss, grads, factors
 
 
@@ -185,8 +150,8 @@ class EmbedRef:
         np.add.at(dtable, ids.reshape(-1), de)
         grads = {"fc2.weight": d2.T @ h, "fc2.bias": d2.sum(0), "ln.gamma": dgamma, "ln.beta": dbeta,
                  "fc1.weight": d1.T @ x, "fc1.bias": d1.sum(0), "emb.embedding_table": dtable}
-        factors = {"emb": embedding_factors(ids, de, vocab), "fc1": dense_factors(x, d1),
-                   "fc2": dense_factors(h, d2)}
+        factors = {"emb": tf.embedding_factors(ids, de, vocab), "fc1": tf.dense_factors(x, d1),
+                   "fc2": tf.dense_factors(h, d2)}
         return loss, grads, factors
 
 
