@@ -176,6 +176,8 @@ def _assert_states_equal(before, after, what, skip=()):
 def test_learning_rate_list_shorter_than_training_is_a_clear_error(info, mode, rng):
     params = [Parameter(Tensor(rng.standard_normal((3, 2)).astype(np.float32)), name="w")]
     opt = info.make(params, learning_rate=[0.1, 0.05], **info.hyper)
+    lr_param = opt.get_lr_parameter(params[0])  # still MindSpore's API and Parameter name
+    assert lr_param.name == "learning_rate" and lr_param.shape == (2,)
     grads = (Tensor(rng.standard_normal((3, 2)).astype(np.float32)),)
     opt(grads)
     opt(grads)
