@@ -10,8 +10,10 @@ How the pieces fit (the contract between the modules of this package):
         computed from the gradient that reaches the layer (i.e. still multiplied by the static loss
         scale; the optimizer divides by ``loss_scale**2``);
       * ``thor_flag``: scalar bool Parameter. While it is True and the layer is in training mode
-        (``cell.training``), the forward pass computes A and the backward pass computes G; while it
-        is False neither is computed (no cost beyond a branch).
+        (``cell.training``), the backward pass computes A (from the layer input) and G (from dL/ds)
+        in one custom-bprop tap; while it is False neither is computed (no cost beyond a branch).
+        The forward graph has no flag-dependent branch (one in GRAPH mode made a graph cycle when
+        a layer is called twice in a step).
     ``ThorLayer.kind`` is ``"dense"``, ``"conv"`` or ``"embedding"``; ``ThorLayer.weight_param()``
     returns the Parameter whose gradient gets preconditioned (``weight`` / ``embedding_table``).
     ``ThorLayer.from_cell(cell)`` builds the THOR layer from a plain ``nn.Dense``/``nn.Conv2d``/
