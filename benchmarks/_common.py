@@ -115,9 +115,11 @@ def write_json(path: str, payload: Mapping[str, Any]) -> str:
 
 
 def bar_plot(path: str, labels: Sequence[str], values: Sequence[float], ylabel: str, title: str,
-             errors: Optional[Sequence[Sequence[float]]] = None, hlines: Iterable[tuple] = ()) -> str:
+             errors: Optional[Sequence[Sequence[float]]] = None, hlines: Iterable[tuple] = (),
+             marks: Optional[Sequence[float]] = None, marks_label: str = "") -> str:
     """Save a bar chart (Agg backend, no display needed). ``errors`` = (lower, upper) offsets;
-    ``hlines`` = (y, label) reference lines such as a baseline or a memory floor."""
+    ``hlines`` = (y, label) reference lines such as a baseline; ``marks`` = one value per bar drawn
+    as a short line across it (e.g. each bar's own memory floor), named ``marks_label`` in a legend."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -125,9 +127,16 @@ def bar_plot(path: str, labels: Sequence[str], values: Sequence[float], ylabel: 
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     fig, ax = plt.subplots(figsize=(max(5.0, 1.2 * len(labels)), 3.6))
     bars = ax.bar(range(len(labels)), values, yerr=errors, capsize=3, color="#4C72B0")
-    for bar, value in zip(bars, values):
-        ax.annotate(f"{value:.1f}", (bar.get_x() + bar.get_width() / 2, bar.get_height()),
+    for index, (bar, value) in enumerate(zip(bars, values)):
+        top = value + (errors[1][index] if errors is not None else 0.0)
+        ax.annotate(f"{value:.1f}", (bar.get_x() + bar.get_width() / 2, top),
                     ha="center", va="bottom", fontsize=8, xytext=(0, 2), textcoords="offset points")
+    if marks is not None:
+        for index, (bar, mark) in enumerate(zip(bars, marks)):
+            ax.plot([bar.get_x(), bar.get_x() + bar.get_width()], [mark, mark], color="#DD8452", linewidth=2.5,
+                    label=marks_label if index == 0 else None)
+        if marks_label:
+            ax.legend(fontsize=8, loc="upper left")
     for y, label in hlines:
         ax.axhline(y, linestyle="--", linewidth=1, color="#C44E52")
         ax.annotate(label, (len(labels) - 0.5, y), ha="right", va="bottom", fontsize=8, color="#C44E52")

@@ -151,7 +151,8 @@ def main(argv: List[str] = None) -> Dict[str, dict]:
                         f"Optimizer step, {args.tensors * size / 2 ** 20:.1f}M float32 params, GRAPH_MODE CPU",
                         errors=[[rows[n]["ms_per_step"] - rows[n]["p25_ms"] for n in labels],
                                 [rows[n]["p75_ms"] - rows[n]["ms_per_step"] for n in labels]],
-                        hlines=[(base, "Momentum")] if base else ())
+                        hlines=[(base, "Momentum")] if base else (),
+                        marks=[rows[n]["floor_ms"] for n in labels], marks_label="memory floor (NumPy copy)")
     print(f"\nwrote {json_path}\nwrote {png_path}")
     return rows
 
