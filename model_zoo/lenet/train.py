@@ -24,7 +24,7 @@ if ROOT not in sys.path:
 
 OPTIMIZERS = ("thor", "momentum", "lamb", "lars", "asgd")
 DEFAULT_LR = {"thor": 0.05, "momentum": 0.1, "lamb": 0.01, "lars": 0.1, "asgd": 0.1}
-THOR_DEFAULTS = {"damping": 0.03, "frequency": 10, "weight_decay": 1e-4}
+THOR_DEFAULTS = {"damping": 0.03, "frequency": 10, "weight_decay": 1e-4, "clip": False, "lr_decay": 0.0}
 
 
 def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
@@ -57,7 +57,8 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
 
 
 def make_optimizer(name: str, net, lr: float, total_steps: int, batch_size: int,
-                   damping: float = THOR_DEFAULTS["damping"], frequency: int = THOR_DEFAULTS["frequency"]):
+                   damping: float = THOR_DEFAULTS["damping"], frequency: int = THOR_DEFAULTS["frequency"],
+                   clip: bool = THOR_DEFAULTS["clip"], lr_decay: float = THOR_DEFAULTS["lr_decay"]):
     """Build the optimizer ``name`` for ``net`` (THOR gets constant per-step lr and damping Tensors)."""
     import numpy as np
     from mindspore import Tensor
@@ -66,10 +67,13 @@ def make_optimizer(name: str, net, lr: float, total_steps: int, batch_size: int,
 
     params = net.trainable_params()
     if name == "thor":
-        lr_t = Tensor(np.full((total_steps,), lr, np.float32))
+        from ms_optim.thor.schedules import get_thor_lr
+
+        # lr_decay 0: constant; otherwise the model zoo's polynomial decay, counted in steps here
+        lr_t = Tensor(get_thor_lr(0, lr, lr_decay, total_steps, 1, decay_epochs=total_steps + 2))
         damping_t = Tensor(np.full((total_steps,), damping, np.float32))
         return nn.thor(net, lr_t, damping_t, 0.9, weight_decay=THOR_DEFAULTS["weight_decay"],
-                       batch_size=batch_size, frequency=frequency)
+                       batch_size=batch_size, frequency=frequency, enable_clip_grad=clip)
     if name == "momentum":
         return nn.Momentum(params, lr, 0.9)
     if name == "lamb":
@@ -84,7 +88,8 @@ def make_optimizer(name: str, net, lr: float, total_steps: int, batch_size: int,
 def run(optimizer: str = "thor", epochs: int = 5, batch_size: int = 32, lr: Optional[float] = None,
         damping: float = THOR_DEFAULTS["damping"], frequency: int = THOR_DEFAULTS["frequency"], seed: int = 1,
         split_seed: int = 0, eval_every: int = 9, target: float = 0.97, mode: str = "graph",
-        stop_at_target: bool = False, quiet: bool = False, max_seconds: Optional[float] = None) -> Dict:
+        stop_at_target: bool = False, quiet: bool = False, max_seconds: Optional[float] = None,
+        clip: bool = THOR_DEFAULTS["clip"], lr_decay: float = THOR_DEFAULTS["lr_decay"]) -> Dict:
     """Train once; return final loss, test accuracy, training seconds and the accuracy history."""
     import numpy as np
     import mindspore as ms
@@ -107,7 +112,7 @@ def run(optimizer: str = "thor", epochs: int = 5, batch_size: int = 32, lr: Opti
     total_steps = sinks * eval_every if sink else epochs * steps_per_epoch
     net = LeNet5()
     loss = ms_nn.SoftmaxCrossEntropyWithLogits(sparse=True, reduction="mean")
-    opt = make_optimizer(optimizer, net, lr, total_steps, batch_size, damping, frequency)
+    opt = make_optimizer(optimizer, net, lr, total_steps, batch_size, damping, frequency, clip, lr_decay)
     model = Model(net, loss_fn=loss, optimizer=opt)
     model = ConvertModelUtils.convert_to_thor_model(model, network=net, loss_fn=loss, optimizer=opt)
     x_test = Tensor(x_te)
