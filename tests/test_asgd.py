@@ -170,3 +170,23 @@ def test_float16_parameters_agree_with_mindspore(rng):
             _assert_same_state(ours, theirs, step + 1, rtol=1e-3, atol=1e-3)  # float16: ~1e-3 is one ulp
     finally:
         ms.set_context(mode=ms.PYNATIVE_MODE)
+
+
+def test_inside_lars_matches_reference(mode, rng):
+    """LARS(ASGD): LARS hands c*(g + wd*w) to ASGD, which then adds no decay of its own; the biases
+    (rejected by LARS's default filter) get g unchanged. The wrapped ASGD keeps its own settings."""
+    from ms_optim.nn import LARS
+    from reference.lars_ref import LarsReference
+
+    spec = [("dense.weight", (5, 6)), ("dense.bias", (5,)), ("norm.gamma", (6,))]
+    params, arrays = _params(rng, spec)
+    inner = ASGD(params, learning_rate=0.1, lambd=0.05, t0=1.0, weight_decay=0.01)
+    opt = LARS(inner, epsilon=1e-5, coefficient=0.02)
+    ref = LarsReference(ASGDReference(arrays, lambd=0.05, t0=1.0), keep=[True, False, True], coefficient=0.02,
+                        epsilon=1e-5)
+    for step in range(4):
+        grads = [rng.standard_normal(a.shape).astype(np.float32) for a in arrays]
+        opt(tuple(Tensor(g) for g in grads))
+        ref.step(grads, [0.1] * 3, [0.01, 0.01, 0.0])  # ASGD's own decay filter: no decay on 'gamma'
+        _check(inner, ref.inner, step + 1)
+    assert inner.exec_weight_decay and inner.decay_flags == (True, True, False)
