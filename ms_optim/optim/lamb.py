@@ -20,6 +20,8 @@ from ms_optim.optim._trust_ratio import l2_norm, trust_ratio
 __all__ = ["Lamb"]
 
 _lamb_step = C.MultitypeFuncGraph("ms_optim_lamb_step")
+
+
 @_lamb_step.register("Tensor", "Tensor", "Tensor", "Tensor", "Tensor", "Tensor", "Tensor", "Bool",
                      "Tensor", "Tensor", "Tensor", "Tensor")
 def _lamb_step_tensor(beta1, beta2, eps, bias1, bias2, lr, weight_decay, decay_flag, weight, m, v, gradient):
