@@ -32,6 +32,15 @@ def setup_context(device_target: str, mode: str, distributed: bool) -> Tuple[int
         return 0, 1
     from mindspore.communication import get_group_size, get_rank, init
 
+    if device_target == "CPU":
+        # MindSpore 2.10 under NumPy 2: the first eager op that converts a Python scalar fails once
+        # (SystemError/ImportError) and works afterwards. If that first failure happens after init(),
+        # the worker leaves the msrun cluster abnormally, so take it here, before init().
+        try:
+            _ = Tensor(np.ones(1, np.float32)) * 1.0
+        except (SystemError, ImportError):
+            pass
+
     if device_target == "Ascend" and "DEVICE_ID" in os.environ and "MS_WORKER_NUM" not in os.environ:
         ms.set_context(device_id=int(os.environ["DEVICE_ID"]))  # rank-table launch
     init()
