@@ -230,7 +230,6 @@ class ThorOptimizer(Optimizer):
         if not params:
             raise ValueError(f"For '{_NAME}', the argument 'net' must have trainable parameters, but got none.")
         super().__init__(learning_rate, params, 0.0, float(loss_scale))
-        self.net = net
         self.frequency = int(frequency)
         self.batch_size = int(batch_size)
         self.use_nesterov = bool(use_nesterov)
