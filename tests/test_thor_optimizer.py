@@ -278,10 +278,8 @@ class _Blocks(nn.Cell):
         self.gg = (layout_g.n, layout_g.nblocks, layout_g.bs)
 
     def construct(self, a, g, grad, lam):
-        ba = pc.damped_blocks(a, lam, self.la.n, self.la.nblocks, self.la.bs, self.la.eye, self.la.pad_eye,
-                              self.la.diag_index)
-        bg = pc.damped_blocks(g, lam, self.lg.n, self.lg.nblocks, self.lg.bs, self.lg.eye, self.lg.pad_eye,
-                              self.lg.diag_index)
+        ba = pc.damped_blocks(a, lam, self.la.n, self.la.nblocks, self.la.bs, self.la.eye, self.la.pad_eye)
+        bg = pc.damped_blocks(g, lam, self.lg.n, self.lg.nblocks, self.lg.bs, self.lg.eye, self.lg.pad_eye)
         ia, ig = pc.invert_blocks(ba), pc.invert_blocks(bg)
         ok = ops.logical_and(pc.accept_inverse(ba, ia, self.la.eye), pc.accept_inverse(bg, ig, self.lg.eye))
         return ia, ig, ok, pc.precondition_matrix(grad, ig, ia, self.gg, self.ga)

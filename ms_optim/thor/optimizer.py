@@ -302,13 +302,10 @@ class ThorOptimizer(Optimizer):
         self.a_geom = tuple((lay.n, lay.nblocks, lay.bs) if lay is not None else (0, 0, 0) for lay in a_layouts)
         self.g_geom = tuple((lay.n, lay.nblocks, lay.bs) for lay in g_layouts)
         dummy = Tensor(np.zeros((1,), np.float32))
-        dummy_index = Tensor(np.zeros((1,), np.int32))
         self.a_eye = tuple(lay.eye if lay is not None else dummy for lay in a_layouts)
         self.a_pad_eye = tuple(lay.pad_eye if lay is not None else dummy for lay in a_layouts)
-        self.a_index = tuple(lay.diag_index if lay is not None else dummy_index for lay in a_layouts)
         self.g_eye = tuple(lay.eye for lay in g_layouts)
         self.g_pad_eye = tuple(lay.pad_eye for lay in g_layouts)
-        self.g_index = tuple(lay.diag_index for lay in g_layouts)
 
     def _map_parameters(self, net: nn.Cell) -> None:
         """Per trainable parameter: how its gradient is treated and which layer it belongs to."""
@@ -393,12 +390,12 @@ class ThorOptimizer(Optimizer):
             else:
                 geom = self.a_geom[i]
                 blocks = pc.damped_blocks(a_factors[i], lam, geom[0], geom[1], geom[2], self.a_eye[i],
-                                          self.a_pad_eye[i], self.a_index[i])
+                                          self.a_pad_eye[i])
                 new_a = pc.invert_blocks(blocks)
                 ok_a = pc.accept_inverse(blocks, new_a, self.a_eye[i])
             geom = self.g_geom[i]
             blocks = pc.damped_blocks(g_factors[i], lam, geom[0], geom[1], geom[2], self.g_eye[i],
-                                      self.g_pad_eye[i], self.g_index[i])
+                                      self.g_pad_eye[i])
             new_g = pc.invert_blocks(blocks)
             ok_g = pc.accept_inverse(blocks, new_g, self.g_eye[i])
             done += (ops.assign(self.matrix_a_inv[i], ops.select(ok_a, new_a, self.matrix_a_inv[i])),)

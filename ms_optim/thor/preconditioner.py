@@ -1,7 +1,7 @@
 """THOR's preconditioner: damping, (blocked) damped inverses and the ``G^-1 dW A^-1`` products.
 
 Pure functions of tensors, built only from ``mindspore.ops`` that have CPU, GPU and Ascend kernels
-(``MatrixInverse``, ``BatchMatMul``/``MatMul``, ``Gather``, ``Pad``), so they run unchanged in
+(``MatrixInverse``, ``BatchMatMul``/``MatMul``, slicing, ``Stack``, ``Pad``), so they run unchanged in
 PYNATIVE_MODE and GRAPH_MODE. Shapes are Python constants fixed when the optimizer is built
 (:class:`BlockLayout`), so GRAPH_MODE sees only static shapes.
 
@@ -62,7 +62,7 @@ class BlockLayout:
     """Static block geometry of one ``n x n`` factor: ``nblocks`` diagonal blocks of width ``bs``.
 
     ``block_size=None`` means one whole-matrix block (``inverse="full"``). ``padded = nblocks * bs``.
-    Also holds the constant tensors the ops need (identity blocks, the pad mask, the gather indices).
+    Also holds the constant tensors the ops need (the identity blocks and the pad mask).
     """
 
     def __init__(self, n: int, block_size=None):
@@ -83,8 +83,6 @@ class BlockLayout:
         self.eye_np = eye
         self.eye = Tensor(eye, mstype.float32)
         self.pad_eye = Tensor(pad_eye, mstype.float32)
-        # index k * (nblocks + 1) picks block (k, k) out of the (nblocks * nblocks, bs, bs) view
-        self.diag_index = Tensor(np.arange(self.nblocks, dtype=np.int32) * (self.nblocks + 1), mstype.int32)
 
     @property
     def shape(self) -> Tuple[int, int, int]:
@@ -100,22 +98,25 @@ def identity_blocks(layout: BlockLayout) -> np.ndarray:
     return layout.eye_np.copy()
 
 
-def damped_blocks(factor, lam, n: int, nblocks: int, bs: int, eye, pad_eye, diag_index):
+def damped_blocks(factor, lam, n: int, nblocks: int, bs: int, eye, pad_eye):
     """Diagonal blocks of ``factor + lam I`` as ``(nblocks, bs, bs)``; padding is the identity.
 
-    ``factor``: ``(n, n)`` float32; ``lam``: scalar float32 tensor (``sqrt(damping)``).
+    ``factor``: ``(n, n)`` float32; ``lam``: scalar float32 tensor (``sqrt(damping)``). Only the
+    diagonal blocks are read (``nblocks * bs * bs`` values, not ``n * n``).
     """
     factor = ops.cast(factor, mstype.float32)
     if nblocks == 1:
         blocks = ops.reshape(factor, (1, n, n))
     else:
-        padded = nblocks * bs
-        if padded > n:
-            factor = ops.pad(factor, (0, padded - n, 0, padded - n))
-        blocks = ops.reshape(factor, (nblocks, bs, nblocks, bs))
-        blocks = ops.transpose(blocks, (0, 2, 1, 3))
-        blocks = ops.reshape(blocks, (nblocks * nblocks, bs, bs))
-        blocks = ops.gather(blocks, diag_index, 0)
+        parts = ()
+        for k in range(nblocks):
+            start = k * bs
+            stop = min(start + bs, n)
+            block = factor[start:stop, start:stop]
+            if stop - start < bs:
+                block = ops.pad(block, (0, bs - (stop - start), 0, bs - (stop - start)))
+            parts = parts + (block,)
+        blocks = ops.stack(parts)
     return blocks + lam * eye + pad_eye
 
 
