@@ -156,9 +156,10 @@ def test_mlp_matches_reference(mode, rng, case):
 
 def test_loss_scale_128_equals_loss_scale_1(mode, rng):
     """sens 128 + loss_scale=128 (FixedLossScaleManager(128, drop_overflow_update=False)'s training
-    cell) follows the oracle, which is the loss_scale 1 trajectory, and equals a loss_scale 1 run."""
+    cell) follows the oracle, which is the loss_scale 1 trajectory, and equals a loss_scale 1 run.
+    Learning rate and damping are 0-D Tensors here (the same value every step)."""
     steps = 4
-    lr, damping = _schedules(steps)
+    lr, damping = np.float32(0.08), np.float32(0.03)
     batches = _mlp_batches(rng, steps)
     nets = []
     for scale in (128.0, 1.0):
