@@ -4,7 +4,7 @@ from __future__ import annotations
 import os
 import sys
 import time
-from typing import Any, Dict, List, Tuple
+from typing import Any, Dict, Tuple
 
 import numpy as np
 import mindspore as ms
@@ -136,7 +136,7 @@ def train(args, config: Dict[str, Any], config_text: str) -> int:
     if config["optimizer"] == "thor":
         # Load THOR before init(): workers then leave the msrun cluster cleanly at exit.
         from ms_optim import nn as thor_nn
-        from ms_optim.train_thor import ConvertModelUtils  # noqa: F401
+        from ms_optim.train_thor import ConvertModelUtils
 
         assert callable(thor_nn.thor)
     rank, size = setup_context(args.device_target, config["mode"], args.run_distribute)
@@ -157,8 +157,6 @@ def train(args, config: Dict[str, Any], config_text: str) -> int:
     metrics = {"top_1_accuracy", "top_5_accuracy"} if config["class_num"] >= 5 else {"top_1_accuracy"}
     amp_level = amp_level_for(config, args.device_target)
     if config["optimizer"] == "thor":
-        from ms_optim.train_thor import ConvertModelUtils
-
         model = Model(net, loss_fn=loss, optimizer=opt, loss_scale_manager=scale, metrics=metrics,
                       amp_level=amp_level, keep_batchnorm_fp32=False)
         model = ConvertModelUtils().convert_to_thor_model(model=model, network=net, loss_fn=loss, optimizer=opt,
