@@ -118,6 +118,8 @@ def _load_resume(path: str, cells, steps_per_epoch: int) -> int:
     missing = []
     for cell in cells:
         for name, param in cell.parameters_and_names():
+            if param.name in ("learning_rate", "damping"):
+                continue  # schedules come from the config (so a run can be extended); global_step indexes them
             if param.name not in state:
                 missing.append(param.name)
                 continue
