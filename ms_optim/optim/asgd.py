@@ -195,16 +195,17 @@ class ASGD(OptimizerBase):
                 w32 = F.cast(param, ms.float32)
                 w32 = w32 * (self._one - l2s[i] * etas[i]) - etas[i] * F.cast(gradients[i], ms.float32)
                 F.assign(param, F.cast(w32, F.dtype(param)))
-        # ax = w while mu = 1 (every step up to t0 + 1): one test for all parameters, then plain copies.
-        if ops.all(ops.stack(self.mu) == self._one):
+        # Before averaging starts (every step up to t0 + 1) all mu are 1 and stay 1: ax = w by plain
+        # copies and no mu to write; one test for all parameters decides.
+        if ops.logical_and(ops.all(ops.stack(self.mu) == self._one), mu_next == self._one):
             for i in range(self.param_length):
                 F.assign(self.ax[i], self._parameters[i])
         else:
             for i in range(self.param_length):
                 self._average(self.ax[i], self._parameters[i], self.mu[i])
+                F.assign(self.mu[i], mu_next)
         for i in range(self.param_length):
             F.assign(self.eta[i], eta_next[i])
-            F.assign(self.mu[i], mu_next)
         return True
 
     def _average(self, ax, param, mu):
