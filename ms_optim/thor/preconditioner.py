@@ -25,9 +25,11 @@ Validity. ``MatrixInverse`` returns finite garbage (not an error, not NaN) for a
 zeros for a non-finite one. An inverse block is therefore accepted only if the damped block was
 finite and ``max |F_k X_k - I| <= INVERSE_TOLERANCE``; a layer with any rejected block keeps its
 previous inverse (the identity before its first accepted one). With ``damping > 0`` every damped
-factor is symmetric positive definite and, for the condition numbers THOR meets in float32, always
-accepted; the check only matters for ``damping == 0`` with a singular factor (a dead layer) or a
-non-finite factor, where it keeps NaN and garbage out of the parameters.
+factor is symmetric positive definite, and its float32 inverse passes the check unless the block's
+condition number ``(lambda_max + sqrt(d)) / sqrt(d)`` nears float32's limit (around 1e5 and
+beyond), far from THOR's usual damping; the check is there for ``damping == 0`` with a singular
+factor (a dead layer) and for non-finite factors, where it keeps NaN and garbage out of the
+parameters.
 """
 from __future__ import annotations
 
