@@ -16,5 +16,5 @@ export GLOG_v="${GLOG_v:-3}"   # MindSpore: errors only
 python model_zoo/lenet/compare.py \
   --optimizers thor momentum lamb lars asgd \
   --lr momentum=0.03 lars=0.03 \
-  --epochs 5 --max-seconds 25 --eval-every 11 --quiet \
+  --epochs 6 --max-seconds 45 --eval-every 11 --quiet \
   --plot "$OUT/lenet_digits_accuracy.png" --json "$OUT/lenet_digits.json" "$@"

@@ -23,8 +23,8 @@ if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
 
 OPTIMIZERS = ("thor", "momentum", "lamb", "lars", "asgd")
-DEFAULT_LR = {"thor": 0.05, "momentum": 0.1, "lamb": 0.01, "lars": 0.1, "asgd": 0.1}
-THOR_DEFAULTS = {"damping": 0.03, "frequency": 10, "weight_decay": 1e-4, "clip": False, "lr_decay": 0.0}
+DEFAULT_LR = {"thor": 0.1, "momentum": 0.1, "lamb": 0.01, "lars": 0.1, "asgd": 0.1}
+THOR_DEFAULTS = {"damping": 0.03, "frequency": 10, "weight_decay": 1e-4, "clip": True, "lr_decay": 2.0}
 
 
 def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
@@ -39,6 +39,9 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
     parser.add_argument("--damping", type=float, default=THOR_DEFAULTS["damping"], help="THOR damping")
     parser.add_argument("--frequency", type=int, default=THOR_DEFAULTS["frequency"],
                         help="THOR: recompute factors and inverses every this many steps")
+    parser.add_argument("--lr-decay", type=float, default=THOR_DEFAULTS["lr_decay"],
+                        help="THOR: power of the polynomial decay of lr to 0 over the run (0: constant lr)")
+    parser.add_argument("--no-clip", action="store_true", help="THOR: no per-tensor gradient clipping")
     parser.add_argument("--seed", type=int, default=1, help="seed of the weights and the batch order")
     parser.add_argument("--split-seed", type=int, default=0, help="seed of the train/test split")
     parser.add_argument("--eval-every", type=int, default=9, help="steps between test-accuracy measurements")
@@ -167,7 +170,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     args = parse_args(argv)
     result = run(args.optimizer, args.epochs, args.batch_size, args.lr, args.damping, args.frequency, args.seed,
                  args.split_seed, args.eval_every, args.target, args.mode, args.stop_at_target, args.quiet,
-                 args.max_seconds)
+                 args.max_seconds, not args.no_clip, args.lr_decay)
     hit = result["seconds_to_target"]
     print(f"[{args.optimizer}] final loss {result['final_loss']:.4f}, test accuracy {result['test_accuracy']:.4f}, "
           f"{result['train_seconds']:.1f}s training, time to {args.target:.0%}: "
