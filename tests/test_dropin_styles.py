@@ -182,8 +182,9 @@ def test_bert_thor_style_user_step_cell(sink):
     optimizer = _thor(net_with_loss)
     net_with_grads = UserTrainOneStepCell(net_with_loss, optimizer)
     model = Model(net_with_grads)
-    _train_thor_model(lambda: ConvertModelUtils.convert_to_thor_model(model, network=net_with_grads,
-                                                                      optimizer=optimizer), net, sink=sink)
+    thor_model = _train_thor_model(lambda: ConvertModelUtils.convert_to_thor_model(
+        model, network=net_with_grads, optimizer=optimizer), net, sink=sink)
+    assert thor_model._train_network is net_with_grads  # the user's own step cell is what trained
 
 
 def _cpu_legal_manager(amp_level):
