@@ -88,6 +88,28 @@ def make_optimizer(name: str, net, lr: float, total_steps: int, batch_size: int,
     raise ValueError(f"unknown optimizer {name!r}")
 
 
+def _absorb_numpy_bridge_failure() -> None:
+    """MindSpore 2.10 with NumPy 2: the first PYNATIVE op through MindSpore's NumPy bridge fails once
+    (later ones work) and prints a long "compiled using NumPy 1.x" notice. Take that one-time failure
+    here with stderr silenced, so the training output stays readable."""
+    import numpy as np
+    from mindspore import Tensor
+
+    sys.stderr.flush()
+    fd = sys.stderr.fileno()
+    saved, devnull = os.dup(fd), os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, fd)
+    try:
+        _ = Tensor(np.ones(1, np.float32)) * 1.0
+    except (SystemError, ImportError):
+        pass
+    finally:
+        sys.stderr.flush()
+        os.dup2(saved, fd)
+        os.close(saved)
+        os.close(devnull)
+
+
 def run(optimizer: str = "thor", epochs: int = 5, batch_size: int = 32, lr: Optional[float] = None,
         damping: float = THOR_DEFAULTS["damping"], frequency: int = THOR_DEFAULTS["frequency"], seed: int = 1,
         split_seed: int = 0, eval_every: int = 9, target: float = 0.97, mode: str = "graph",
@@ -106,6 +128,7 @@ def run(optimizer: str = "thor", epochs: int = 5, batch_size: int = 32, lr: Opti
 
     lr = DEFAULT_LR[optimizer] if lr is None else lr
     ms.set_context(mode=ms.GRAPH_MODE if mode == "graph" else ms.PYNATIVE_MODE, device_target="CPU")
+    _absorb_numpy_bridge_failure()
     ms.set_seed(seed)
     x_tr, y_tr, x_te, y_te = load_digits_32(seed=split_seed)
     train_ds = create_dataset(x_tr, y_tr, batch_size=batch_size, seed=seed)
