@@ -22,7 +22,8 @@ THOR, 8 x Ascend 910: 20.4 ms/step; the THOR GPU figure quoted in issue 4: 76 ms
     python benchmarks/bench_resnet.py --quick         # smoke run: small images and batches, 2 rounds
     python benchmarks/bench_resnet.py --device_target GPU
 
-Writes bench_resnet.json and bench_resnet.png (``--quick``: bench_resnet_quick.*) into ``--out-dir``.
+Writes bench_resnet.json and bench_resnet.png (``--quick``: bench_resnet_quick.*; ``--only NET`` adds
+``_NET``) into ``--out-dir``.
 """
 from __future__ import annotations
 
@@ -178,7 +179,7 @@ def main(argv: List[str] = None) -> int:
         if args.device_target != "CPU" and work["name"] == "resnet50" and (work["batch"], work["size"]) == (32, 224):
             print(f"  ms/step here: THOR f=834 {med['thor_f834_amortized']:.1f}, Momentum {med['momentum']:.1f}; "
                   + "; ".join(f"published {k}: {v} ms/step" for k, v in PUBLISHED_MS_PER_STEP.items()))
-    stem = "bench_resnet_quick" if args.quick else "bench_resnet"
+    stem = ("bench_resnet_quick" if args.quick else "bench_resnet") + (f"_{args.only}" if args.only else "")
     payload = {"device_target": args.device_target, "frequencies": list(FREQUENCIES),
                "published_ms_per_step": PUBLISHED_MS_PER_STEP, "results": results,
                "method": "GRAPH_MODE TrainOneStepCell on fixed synthetic batches; THOR run at frequency 2, "

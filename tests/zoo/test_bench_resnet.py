@@ -18,7 +18,7 @@ def test_bench_resnet_quick_writes_json_and_png(tmp_path):
                            "--only", "resnet18", "--out-dir", str(tmp_path)],
                           capture_output=True, text=True, timeout=1200)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
-    record = json.loads((tmp_path / "bench_resnet_quick.json").read_text())
+    record = json.loads((tmp_path / "bench_resnet_quick_resnet18.json").read_text())
     (result,) = record["results"]
     ips = result["images_per_s"]
     assert set(ips) == {"Momentum", "THOR f=834", "THOR f=100"} and all(v > 0 for v in ips.values())
@@ -27,5 +27,5 @@ def test_bench_resnet_quick_writes_json_and_png(tmp_path):
         expected = (med["thor_step"] + (f - 1) * med["other_step"]) / f
         assert med[f"thor_f{f}_amortized"] == pytest.approx(expected, rel=1e-12)
         assert ips[f"THOR f={f}"] / ips["Momentum"] == pytest.approx(result["ratio_to_momentum"][f"THOR f={f}"])
-    assert (tmp_path / "bench_resnet_quick.png").stat().st_size > 1000
+    assert (tmp_path / "bench_resnet_quick_resnet18.png").stat().st_size > 1000
     assert "ratio to Momentum" in proc.stdout
