@@ -171,7 +171,7 @@ def tta_benchmark(epochs: int, max_seconds: float, eval_every: int, target: floa
     """THOR vs Momentum at each lr on LeNet5 + digits; each run stops at ``target`` or the caps.
 
     THOR uses model_zoo/lenet's recipe (lr 0.1 decayed polynomially (power 2) to 0 over
-    ``thor_epochs``, damping 0.03, frequency 10, per-tensor clipping); Momentum (momentum 0.9) a
+    ``thor_epochs``, damping 0.01, frequency 20, per-tensor clipping); Momentum (momentum 0.9) a
     constant lr, up to ``epochs`` epochs."""
     from model_zoo.lenet.train import run
 

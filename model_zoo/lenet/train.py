@@ -24,7 +24,7 @@ if ROOT not in sys.path:
 
 OPTIMIZERS = ("thor", "momentum", "lamb", "lars", "asgd")
 DEFAULT_LR = {"thor": 0.1, "momentum": 0.1, "lamb": 0.01, "lars": 0.1, "asgd": 0.1}
-THOR_DEFAULTS = {"damping": 0.03, "frequency": 10, "weight_decay": 1e-4, "clip": True, "lr_decay": 2.0}
+THOR_DEFAULTS = {"damping": 0.01, "frequency": 20, "weight_decay": 1e-4, "clip": True, "lr_decay": 2.0}
 
 
 def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
