@@ -252,7 +252,7 @@ class ConvertModelUtils:
 
     @staticmethod
     def convert_to_thor_model(model, network, loss_fn=None, optimizer=None, metrics=None, amp_level="O0",
-                              loss_scale_manager=None, keep_batchnorm_fp32=False):
+                              loss_scale_manager=None, keep_batchnorm_fp32=False, *, frequency=None):
         """Return a ``ModelThor`` built from these arguments when ``optimizer`` is an ms_optim THOR
         optimizer (or ``network`` is a ``TrainOneStepCell`` around one), else ``model`` unchanged.
 
@@ -267,10 +267,24 @@ class ConvertModelUtils:
             loss_scale_manager (LossScaleManager): None, ``FixedLossScaleManager`` or
                 ``DynamicLossScaleManager``. Default: None.
             keep_batchnorm_fp32 (bool): keep BatchNorm in float32 under O2/O3. Default: False.
+            frequency (int): keyword-only, accepted for older scripts that pass it here; it must equal
+                the THOR optimizer's ``frequency`` (the optimizer owns the schedule). Default: None.
+
+        Raises:
+            TypeError: if ``frequency`` is not an int.
+            ValueError: if ``frequency`` differs from the THOR optimizer's (both values named).
 
         Returns:
             Model: a ``ModelThor`` or ``model``.
         """
+        thor_opt = network.optimizer if isinstance(network, nn.TrainOneStepCell) else optimizer
+        if frequency is not None and _is_thor_optimizer(thor_opt):
+            from ms_optim._validation import check_int
+            check_int("frequency", frequency, "ConvertModelUtils")
+            if frequency != thor_opt.get_frequency():
+                raise ValueError(f"For 'ConvertModelUtils', the argument 'frequency' ({frequency}) must equal "
+                                 f"the THOR optimizer's frequency ({thor_opt.get_frequency()}): pass the same "
+                                 f"value to thor(..., frequency=...) or leave 'frequency' out here.")
         if isinstance(network, nn.TrainOneStepCell) and _is_thor_optimizer(network.optimizer):
             eval_net, eval_indexes = _user_eval_network(model)
             if eval_net is None:  # a training cell alone has no loss to build an evaluation network from
