@@ -199,3 +199,25 @@ def test_unsupported_layers_stay_and_amp_after_conversion(mode, rng):
     a = dense.matrix_a_cov.asnumpy()
     assert dense.matrix_a_cov.dtype == mstype.float32 and isinstance(dense, ThorLayer)
     np.testing.assert_allclose(a, ref.dense_factors(h, np.zeros((6, 3)))[0], rtol=2e-3, atol=2e-3 * np.abs(a).max())
+
+
+def test_bare_train_one_step_cell_collects_factors_without_set_train(mode):
+    """A converted net trained by a TrainOneStepCell that never calls set_train() still collects A
+    (THOR layers start in training mode); set_train(False) turns collection off."""
+    from mindspore import Tensor
+    from mindspore import nn as mnn
+    from ms_optim import nn as thor_nn
+
+    rng = np.random.default_rng(7)
+    net = mnn.SequentialCell(mnn.Dense(4, 8), mnn.ReLU(), mnn.Dense(8, 3))
+    steps = 4
+    opt = thor_nn.thor(net, Tensor(np.full(steps, 0.1, np.float32)), Tensor(np.full(steps, 0.03, np.float32)),
+                       0.9, frequency=2)
+    loss = mnn.SoftmaxCrossEntropyWithLogits(sparse=True, reduction="mean")
+    step = mnn.TrainOneStepCell(mnn.WithLossCell(net, loss), opt)
+    x = rng.standard_normal((5, 4)).astype(np.float32)
+    step(Tensor(x), Tensor(np.array([0, 1, 2, 0, 1], np.int32)))
+    np.testing.assert_allclose(net[0].matrix_a_cov.asnumpy(), x.T @ x / 5, rtol=1e-4, atol=1e-6)
+
+    net.set_train(False)
+    assert not net[0].training

@@ -305,10 +305,14 @@ def test_convert_to_thor_model_static_and_instance_and_train_cell():
     assert isinstance(c, ModelThor) and c.frequency == 4
     import inspect
     params = list(inspect.signature(ConvertModelUtils.convert_to_thor_model).parameters.items())
+    # MindSpore's documented parameters, in order, then one keyword-only extension (frequency=,
+    # which older scripts pass; it must agree with the optimizer's).
     assert [(k, v.default) for k, v in params] == [
         ("model", inspect.Parameter.empty), ("network", inspect.Parameter.empty), ("loss_fn", None),
         ("optimizer", None), ("metrics", None), ("amp_level", "O0"), ("loss_scale_manager", None),
-        ("keep_batchnorm_fp32", False)]
+        ("keep_batchnorm_fp32", False), ("frequency", None)]
+    assert [v.kind for _, v in params][-1] == inspect.Parameter.KEYWORD_ONLY
+    assert all(v.kind == inspect.Parameter.POSITIONAL_OR_KEYWORD for _, v in params[:-1])
 
 
 @pytest.mark.slow

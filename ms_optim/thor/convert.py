@@ -120,12 +120,15 @@ class ConvertNetUtils:
 
     @staticmethod
     def _copy_cell_state(old: nn.Cell, new: ThorLayer) -> None:
-        """Carry over the training mode and mixed-precision flags (to_float / amp) of the plain layer."""
+        """Carry over the mixed-precision flags (to_float / amp) of the plain layer.
+
+        The training mode is not carried over: THOR layers start in training mode (see
+        ``ThorLayer``), so factors are collected even if the training cell never calls set_train();
+        the user's later ``set_train`` on the net (Model.eval's too) governs from then on."""
         flags = getattr(old, "_func_graph_flags", {}) or {}
         precision = {k: v for k, v in flags.items() if k in _PRECISION_FLAGS and v}
         if precision:
             new.add_flags_recursive(**precision)
-        new.set_train(old.training)
 
     @staticmethod
     def _swap_child(parent: nn.Cell, key: str, old: nn.Cell, new: nn.Cell) -> None:

@@ -6,8 +6,9 @@ three non-trainable Parameters (see ``ms_optim/thor/__init__.py`` for the packag
 
 * ``matrix_a_cov`` (float32): the input factor A of the last THOR step;
 * ``matrix_g_cov`` (float32): the output-gradient factor G of the last THOR step;
-* ``thor_flag`` (bool scalar): while True *and* the cell is in training mode (``cell.training``),
-  the forward pass computes A and the backward pass computes G. Otherwise no factor work is done.
+* ``thor_flag`` (bool scalar): while True *and* the cell is in training mode (``cell.training``,
+  True from construction for THOR layers), the backward pass computes A and G. Otherwise no factor
+  work is done.
 
 Notation. The loss L is a mean over the samples of a batch. ``a`` are the layer's inputs, ``s`` its
 pre-activation outputs, ``d = dL/ds`` the gradient reaching ``s`` in the backward pass.
@@ -299,6 +300,10 @@ class ThorLayer(nn.Cell):
                                       name=name_prefix + "matrix_g_cov", requires_grad=False)
         self.thor_flag = Parameter(Tensor(np.array(True)), name=name_prefix + "thor_flag", requires_grad=False)
         self.factor_tap = tap
+        # THOR layers start in training mode (a plain Cell starts in inference mode), so a bare
+        # TrainOneStepCell that never calls set_train() still collects factors instead of silently
+        # preconditioning with damping alone; set_train(False) (Model.eval does) turns the tap off.
+        self.set_train(True)
 
     def _tap(self, s, x):
         """In training mode, route ``s`` through the factor tap (dtype of ``s`` kept under amp)."""
