@@ -38,3 +38,11 @@ def mode(request):
 def rng():
     """A seeded NumPy generator so every test draws the same data each run."""
     return np.random.default_rng(1234)
+
+
+@pytest.fixture(params=["fused", "composite"])
+def path(request, monkeypatch):
+    """Run the test with the fused CPU kernels (ms_optim.optim._fused) and with the composite ops
+    (used by test_lamb.py and test_lars.py; tests/_fused_paths.py holds their shared checks)."""
+    monkeypatch.setenv("MS_OPTIM_FUSED", "1" if request.param == "fused" else "0")
+    return request.param

@@ -8,35 +8,12 @@ import pytest
 from mindspore import Parameter, Tensor, nn, ops
 from mindspore.nn.learning_rate_schedule import LearningRateSchedule
 
-from ms_optim.optim import _fused
 from ms_optim.nn import ASGD, LARS, Lamb
 from ms_optim.optim.lars import default_lars_filter
+from _fused_paths import ATOL_W, RTOL
+from _fused_paths import expect_path as _expect_path, make_params as _params
 from reference.lamb_ref import LambReference
 from reference.lars_ref import LarsReference, MomentumReference, SGDReference, lars_gradient
-
-RTOL = 1e-4
-# Elements that the update carries close to 0 from |w| ~ 1 keep float32's absolute rounding
-# (~1e-7 per op), which no relative tolerance covers; a wrong update moves w by >> 1e-6.
-ATOL_W = 1e-6
-
-
-@pytest.fixture(params=["fused", "composite"])
-def path(request, monkeypatch):
-    """Run the test with the fused CPU kernels (ms_optim.optim._fused) and with the composite ops."""
-    monkeypatch.setenv("MS_OPTIM_FUSED", "1" if request.param == "fused" else "0")
-    return request.param
-
-
-def _expect_path(opt, path):
-    """The optimizer took the path asked for (fused only where the kernels could be built)."""
-    assert opt.use_fused == (path == "fused" and _fused.lamb_op() is not None), _fused._failed
-
-
-def _params(rng, spec):
-    """spec: list of (name, shape, zero_init) -> (Parameters, float32 arrays)."""
-    arrays = [np.zeros(shape, np.float32) if zero else rng.standard_normal(shape).astype(np.float32)
-              for _, shape, zero in spec]
-    return [Parameter(Tensor(a.copy()), name=n) for (n, _, _), a in zip(spec, arrays)], arrays
 
 
 def _check(params, expected, step):
