@@ -17,39 +17,21 @@
 set -euo pipefail
 
 SCRIPT="$(basename "${BASH_SOURCE[0]}")"
-ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-TRAIN_PY="$ROOT/model_zoo/resnet/train.py"
 USAGE="Usage: bash scripts/$SCRIPT [--dry-run] [--taskset] RANK_TABLE_FILE DATA_PATH CONFIG_PATH [DEVICE_NUM] [-- TRAIN_ARGS...]"
+# shellcheck source=_launch_common.sh source-path=SCRIPTDIR
+source "$(dirname "${BASH_SOURCE[0]}")/_launch_common.sh"
 
-die() { echo "$SCRIPT: error: $*" >&2; exit 2; }
-usage_error() { echo "$USAGE" >&2; [[ $# -gt 0 ]] && echo "$SCRIPT: error: $*" >&2; exit 2; }
-abs_file() { echo "$(cd "$(dirname "$1")" && pwd)/$(basename "$1")"; }
-
-dry_run=0
+parse_launch_args train.py --taskset -- "$@"
 pin=0
-positional=()
-extra=()
-while [[ $# -gt 0 ]]; do
-  case "$1" in
-    --dry-run) dry_run=1 ;;
-    --taskset) pin=1 ;;
-    -h|--help) echo "$USAGE"; exit 0 ;;
-    --) shift; extra=("$@"); break ;;
-    -*) usage_error "unknown option '$1' (train.py options go after --)" ;;
-    *) positional+=("$1") ;;
-  esac
-  shift
-done
-if [[ ${#positional[@]} -lt 3 || ${#positional[@]} -gt 4 ]]; then
-  usage_error "expected RANK_TABLE_FILE DATA_PATH CONFIG_PATH [DEVICE_NUM], got ${#positional[@]} arguments"
-fi
-[[ -f "${positional[0]}" ]] || die "RANK_TABLE_FILE is not a file: ${positional[0]}"
-[[ -e "${positional[1]}" ]] || die "DATA_PATH does not exist: ${positional[1]}"
-[[ -f "${positional[2]}" ]] || die "CONFIG_PATH is not a file: ${positional[2]}"
+has_flag --taskset && pin=1
+require_count 3 4 "RANK_TABLE_FILE DATA_PATH CONFIG_PATH [DEVICE_NUM]"
+require_file RANK_TABLE_FILE "${positional[0]}"
+require_exists DATA_PATH "${positional[1]}"
+require_file CONFIG_PATH "${positional[2]}"
 DEVICE_NUM="${positional[3]:-8}"
-[[ "$DEVICE_NUM" =~ ^[1-9][0-9]*$ ]] || usage_error "DEVICE_NUM must be a positive integer, got '$DEVICE_NUM'"
+require_positive DEVICE_NUM "$DEVICE_NUM"
 RANK_TABLE_FILE="$(abs_file "${positional[0]}")"
-DATA_PATH="$(cd "${positional[1]}" && pwd)"
+DATA_PATH="$(abs_dir "${positional[1]}")"
 CONFIG_PATH="$(abs_file "${positional[2]}")"
 PYTHON="${PYTHON:-python3}"
 
@@ -65,7 +47,7 @@ PY
 
 DEVICE_START="${DEVICE_START:-0}"
 RANK_START="${RANK_START:-0}"
-RUN_DIR="${RUN_DIR:-$PWD/runs/ascend_$(date +%Y%m%d_%H%M%S)_$$}"
+RUN_DIR="${RUN_DIR:-$(default_run_dir ascend)}"
 cores="$(nproc 2>/dev/null || echo 1)"
 per_proc=$(( cores / DEVICE_NUM ))
 (( per_proc >= 1 )) || per_proc=1
@@ -84,9 +66,9 @@ for (( i = 0; i < DEVICE_NUM; i++ )); do
   cmd+=("$PYTHON" "$TRAIN_PY" --run_distribute --device_target Ascend --config_path "$CONFIG_PATH"
         --data_path "$DATA_PATH" --output_dir "$RUN_DIR/output" ${extra[@]+"${extra[@]}"})
   if [[ $dry_run -eq 1 ]]; then
-    echo "rank $rank_id: env RANK_TABLE_FILE=$RANK_TABLE_FILE RANK_SIZE=$RANK_SIZE DEVICE_NUM=$DEVICE_NUM DEVICE_ID=$device_id RANK_ID=$rank_id"
-    echo "rank $rank_id: cwd $work log $work/train.log"
-    echo "rank $rank_id: cmd ${cmd[*]}"
+    print_rank "$rank_id" \
+      "RANK_TABLE_FILE=$RANK_TABLE_FILE RANK_SIZE=$RANK_SIZE DEVICE_NUM=$DEVICE_NUM DEVICE_ID=$device_id RANK_ID=$rank_id" \
+      "cwd $work log $work/train.log" "${cmd[@]}"
     continue
   fi
   mkdir -p "$work"

@@ -15,39 +15,22 @@
 set -euo pipefail
 
 SCRIPT="${ZOO_SCRIPT_NAME:-$(basename "${BASH_SOURCE[0]}")}"
-ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-TRAIN_PY="$ROOT/model_zoo/resnet/train.py"
-USAGE="Usage: bash scripts/$SCRIPT [--dry-run] ${ZOO_NUM_NAME:-DEVICE_NUM} DATA_PATH CONFIG_PATH [-- TRAIN_ARGS...]"
-
-die() { echo "$SCRIPT: error: $*" >&2; exit 2; }
-usage_error() { echo "$USAGE" >&2; [[ $# -gt 0 ]] && echo "$SCRIPT: error: $*" >&2; exit 2; }
-
-dry_run=0
-positional=()
-extra=()
-while [[ $# -gt 0 ]]; do
-  case "$1" in
-    --dry-run) dry_run=1 ;;
-    -h|--help) echo "$USAGE"; exit 0 ;;
-    --) shift; extra=("$@"); break ;;
-    -*) usage_error "unknown option '$1' (train.py options go after --)" ;;
-    *) positional+=("$1") ;;
-  esac
-  shift
-done
 num_name="${ZOO_NUM_NAME:-DEVICE_NUM}"
-if [[ ${#positional[@]} -ne 3 ]]; then
-  usage_error "expected $num_name DATA_PATH CONFIG_PATH, got ${#positional[@]} arguments"
-fi
+USAGE="Usage: bash scripts/$SCRIPT [--dry-run] $num_name DATA_PATH CONFIG_PATH [-- TRAIN_ARGS...]"
+# shellcheck source=_launch_common.sh source-path=SCRIPTDIR
+source "$(dirname "${BASH_SOURCE[0]}")/_launch_common.sh"
+
+parse_launch_args train.py -- "$@"
+require_count 3 3 "$num_name DATA_PATH CONFIG_PATH"
 NUM="${positional[0]}"
-[[ "$NUM" =~ ^[1-9][0-9]*$ ]] || usage_error "$num_name must be a positive integer, got '$NUM'"
-[[ -e "${positional[1]}" ]] || die "DATA_PATH does not exist: ${positional[1]}"
-[[ -f "${positional[2]}" ]] || die "CONFIG_PATH is not a file: ${positional[2]}"
-DATA_PATH="$(cd "${positional[1]}" && pwd)"
-CONFIG_PATH="$(cd "$(dirname "${positional[2]}")" && pwd)/$(basename "${positional[2]}")"
+require_positive "$num_name" "$NUM"
+require_exists DATA_PATH "${positional[1]}"
+require_file CONFIG_PATH "${positional[2]}"
+DATA_PATH="$(abs_dir "${positional[1]}")"
+CONFIG_PATH="$(abs_file "${positional[2]}")"
 
 DEVICE_TARGET="${DEVICE_TARGET:-Ascend}"
-case "$DEVICE_TARGET" in Ascend|GPU|CPU) ;; *) die "DEVICE_TARGET must be Ascend, GPU or CPU, got '$DEVICE_TARGET'" ;; esac
+check_device_target
 PYTHON="${PYTHON:-python3}"
 MSRUN="${MSRUN:-msrun}"
 MASTER_ADDR="${MASTER_ADDR:-127.0.0.1}"
@@ -55,7 +38,7 @@ if [[ -z "${MASTER_PORT:-}" ]]; then
   MASTER_PORT="$("$PYTHON" -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')"
 fi
 [[ "$MASTER_PORT" =~ ^[0-9]+$ ]] || die "MASTER_PORT must be a port number, got '$MASTER_PORT'"
-RUN_DIR="${RUN_DIR:-$PWD/runs/msrun_$(date +%Y%m%d_%H%M%S)_$$}"
+RUN_DIR="${RUN_DIR:-$(default_run_dir msrun)}"
 LOG_DIR="$RUN_DIR/log"
 
 train_cmd=("$TRAIN_PY" --run_distribute --device_target "$DEVICE_TARGET" --config_path "$CONFIG_PATH"
@@ -65,9 +48,9 @@ cmd=("$MSRUN" "--worker_num=$NUM" "--local_worker_num=$NUM" "--master_addr=$MAST
 
 if [[ $dry_run -eq 1 ]]; then
   for (( i = 0; i < NUM; i++ )); do
-    echo "rank $i: env MS_ROLE=MS_WORKER MS_WORKER_NUM=$NUM MS_SCHED_HOST=$MASTER_ADDR MS_SCHED_PORT=$MASTER_PORT RANK_ID=$i DEVICE_TARGET=$DEVICE_TARGET (set by msrun)"
-    echo "rank $i: log $LOG_DIR/worker_$i.log"
-    echo "rank $i: cmd $PYTHON ${train_cmd[*]}"
+    print_rank "$i" \
+      "MS_ROLE=MS_WORKER MS_WORKER_NUM=$NUM MS_SCHED_HOST=$MASTER_ADDR MS_SCHED_PORT=$MASTER_PORT RANK_ID=$i DEVICE_TARGET=$DEVICE_TARGET (set by msrun)" \
+      "log $LOG_DIR/worker_$i.log" "$PYTHON" "${train_cmd[@]}"
   done
   echo "launcher: ${cmd[*]}"
   exit 0
@@ -76,10 +59,7 @@ command -v "$MSRUN" >/dev/null 2>&1 || die "'$MSRUN' not found: install MindSpor
 
 mkdir -p "$LOG_DIR"
 echo "[$SCRIPT] $NUM $DEVICE_TARGET workers via msrun on $MASTER_ADDR:$MASTER_PORT; logs: $LOG_DIR/worker_<rank>.log"
-set +e
-(cd "$RUN_DIR" && "${cmd[@]}") >"$LOG_DIR/msrun.log" 2>&1
-status=$?
-set -e
+run_logged "$LOG_DIR/msrun.log" "$RUN_DIR" "${cmd[@]}"
 if [[ $status -ne 0 ]]; then
   echo "[$SCRIPT] msrun failed with status $status: see $LOG_DIR/msrun.log and $LOG_DIR/worker_*.log" >&2
   tail -n 5 "$LOG_DIR"/worker_*.log >&2 2>/dev/null || true

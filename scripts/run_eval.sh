@@ -12,57 +12,31 @@
 set -euo pipefail
 
 SCRIPT="$(basename "${BASH_SOURCE[0]}")"
-ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-EVAL_PY="$ROOT/model_zoo/resnet/eval.py"
 USAGE="Usage: bash scripts/$SCRIPT [--dry-run] DATA_PATH CHECKPOINT CONFIG_PATH [-- EVAL_ARGS...]"
+# shellcheck source=_launch_common.sh source-path=SCRIPTDIR
+source "$(dirname "${BASH_SOURCE[0]}")/_launch_common.sh"
 
-die() { echo "$SCRIPT: error: $*" >&2; exit 2; }
-usage_error() { echo "$USAGE" >&2; [[ $# -gt 0 ]] && echo "$SCRIPT: error: $*" >&2; exit 2; }
-abs_file() { echo "$(cd "$(dirname "$1")" && pwd)/$(basename "$1")"; }
-
-dry_run=0
-positional=()
-extra=()
-while [[ $# -gt 0 ]]; do
-  case "$1" in
-    --dry-run) dry_run=1 ;;
-    -h|--help) echo "$USAGE"; exit 0 ;;
-    --) shift; extra=("$@"); break ;;
-    -*) usage_error "unknown option '$1' (eval.py options go after --)" ;;
-    *) positional+=("$1") ;;
-  esac
-  shift
-done
-[[ ${#positional[@]} -eq 3 ]] || usage_error "expected DATA_PATH CHECKPOINT CONFIG_PATH, got ${#positional[@]} arguments"
-[[ -e "${positional[0]}" ]] || die "DATA_PATH does not exist: ${positional[0]}"
-[[ -f "${positional[1]}" ]] || die "CHECKPOINT is not a file: ${positional[1]}"
-[[ -f "${positional[2]}" ]] || die "CONFIG_PATH is not a file: ${positional[2]}"
-DATA_PATH="$(cd "${positional[0]}" && pwd)"
+parse_launch_args eval.py -- "$@"
+require_count 3 3 "DATA_PATH CHECKPOINT CONFIG_PATH"
+require_exists DATA_PATH "${positional[0]}"
+require_file CHECKPOINT "${positional[1]}"
+require_file CONFIG_PATH "${positional[2]}"
+DATA_PATH="$(abs_dir "${positional[0]}")"
 CHECKPOINT="$(abs_file "${positional[1]}")"
 CONFIG_PATH="$(abs_file "${positional[2]}")"
+check_device_target
 
-if [[ -z "${DEVICE_TARGET:-}" ]]; then
-  if command -v npu-smi >/dev/null 2>&1; then DEVICE_TARGET=Ascend
-  elif command -v nvidia-smi >/dev/null 2>&1; then DEVICE_TARGET=GPU
-  else DEVICE_TARGET=CPU; fi
-fi
-case "$DEVICE_TARGET" in Ascend|GPU|CPU) ;; *) die "DEVICE_TARGET must be Ascend, GPU or CPU, got '$DEVICE_TARGET'" ;; esac
 DEVICE_ID="${DEVICE_ID:-0}"
 PYTHON="${PYTHON:-python3}"
-RUN_DIR="${RUN_DIR:-$PWD/runs/eval_$(date +%Y%m%d_%H%M%S)_$$}"
+RUN_DIR="${RUN_DIR:-$(default_run_dir eval)}"
 cmd=("$PYTHON" "$EVAL_PY" --config_path "$CONFIG_PATH" --data_path "$DATA_PATH" --checkpoint_path "$CHECKPOINT"
      --device_target "$DEVICE_TARGET" --output_json "$RUN_DIR/result.json" ${extra[@]+"${extra[@]}"})
 
 if [[ $dry_run -eq 1 ]]; then
-  echo "rank 0: env DEVICE_ID=$DEVICE_ID DEVICE_TARGET=$DEVICE_TARGET"
-  echo "rank 0: cwd $PWD log $RUN_DIR/eval.log"
-  echo "rank 0: cmd ${cmd[*]}"
+  print_rank 0 "DEVICE_ID=$DEVICE_ID DEVICE_TARGET=$DEVICE_TARGET" "cwd $PWD log $RUN_DIR/eval.log" "${cmd[@]}"
   exit 0
 fi
 mkdir -p "$RUN_DIR"
-set +e
-DEVICE_ID="$DEVICE_ID" "${cmd[@]}" 2>&1 | tee "$RUN_DIR/eval.log"
-status=${PIPESTATUS[0]}
-set -e
+DEVICE_ID="$DEVICE_ID" run_tee "$RUN_DIR/eval.log" "${cmd[@]}"
 echo "[$SCRIPT] exit status $status; log: $RUN_DIR/eval.log"
 exit "$status"
