@@ -30,7 +30,26 @@ def _bn(channels: int) -> nn.BatchNorm2d:
     return nn.BatchNorm2d(channels, momentum=0.9, eps=1e-5)
 
 
-class BasicBlock(nn.Cell):
+class _ResidualBlock(nn.Cell):
+    """What both blocks share: the final ReLU and the shortcut (identity, or a 1x1 projection with
+    BatchNorm when the stride or the channel count changes)."""
+
+    def _init_shortcut(self, in_ch: int, out_ch: int, stride: int) -> None:
+        # Called after the block's own layers so parameter names and order stay conv*, bn*, down_sample_layer.
+        self.relu = nn.ReLU()
+        self.down_sample = stride != 1 or in_ch != out_ch
+        if self.down_sample:
+            self.down_sample_layer = nn.SequentialCell([_conv(in_ch, out_ch, 1, stride), _bn(out_ch)])
+
+    def _add_shortcut(self, x, out):
+        """relu(out + shortcut(x))."""
+        identity = x
+        if self.down_sample:
+            identity = self.down_sample_layer(x)
+        return self.relu(out + identity)
+
+
+class BasicBlock(_ResidualBlock):
     """Two 3x3 convolutions (ResNet-18/34); projection shortcut when the shape changes."""
 
     expansion = 1
@@ -42,21 +61,15 @@ class BasicBlock(nn.Cell):
         self.bn1 = _bn(width)
         self.conv2 = _conv(width, out_ch, 3)
         self.bn2 = _bn(out_ch)
-        self.relu = nn.ReLU()
-        self.down_sample = stride != 1 or in_ch != out_ch
-        if self.down_sample:
-            self.down_sample_layer = nn.SequentialCell([_conv(in_ch, out_ch, 1, stride), _bn(out_ch)])
+        self._init_shortcut(in_ch, out_ch, stride)
 
     def construct(self, x):
-        identity = x
         out = self.relu(self.bn1(self.conv1(x)))
         out = self.bn2(self.conv2(out))
-        if self.down_sample:
-            identity = self.down_sample_layer(x)
-        return self.relu(out + identity)
+        return self._add_shortcut(x, out)
 
 
-class Bottleneck(nn.Cell):
+class Bottleneck(_ResidualBlock):
     """1x1 reduce, 3x3 (carrying the stride: v1.5), 1x1 expand x4; projection shortcut when needed."""
 
     expansion = 4
@@ -70,19 +83,13 @@ class Bottleneck(nn.Cell):
         self.bn2 = _bn(width)
         self.conv3 = _conv(width, out_ch, 1)
         self.bn3 = _bn(out_ch)
-        self.relu = nn.ReLU()
-        self.down_sample = stride != 1 or in_ch != out_ch
-        if self.down_sample:
-            self.down_sample_layer = nn.SequentialCell([_conv(in_ch, out_ch, 1, stride), _bn(out_ch)])
+        self._init_shortcut(in_ch, out_ch, stride)
 
     def construct(self, x):
-        identity = x
         out = self.relu(self.bn1(self.conv1(x)))
         out = self.relu(self.bn2(self.conv2(out)))
         out = self.bn3(self.conv3(out))
-        if self.down_sample:
-            identity = self.down_sample_layer(x)
-        return self.relu(out + identity)
+        return self._add_shortcut(x, out)
 
 
 class ResNet(nn.Cell):
