@@ -22,6 +22,17 @@ def _check(params, expected, step):
                                    err_msg=f"parameter {p.name} after step {step}")
 
 
+def _steps_list_lr_decay(opt, ref, params, arrays, lrs, rng):
+    """One step per entry of lrs on four parameters, weight decay 0.001 on all but the last (a BatchNorm
+    beta/gamma, left out by the default filter); check every parameter after each step."""
+    for step in range(len(lrs)):
+        grads = [rng.standard_normal(a.shape).astype(np.float32) for a in arrays]
+        grads[0] *= 10.0  # ||w|| / ||g|| ~ 0.1: c / lr < 1, not clipped
+        opt(tuple(Tensor(g) for g in grads))
+        ref.step(grads, [lrs[step]] * 4, [0.001, 0.001, 0.001, 0.0])
+        _check(params, ref.w, step + 1)
+
+
 class _InverseTimeLR(LearningRateSchedule):
     """lr = base / (1 + step)."""
 
@@ -88,12 +99,7 @@ def test_sgd_use_clip_list_lr_default_filters(mode, rng):
     opt = LARS(inner, epsilon=1e-5, coefficient=1.0, use_clip=True)
     ref = LarsReference(SGDReference(arrays, momentum=0.9), keep=[True, True, False, True], coefficient=1.0,
                         epsilon=1e-5, use_clip=True)
-    for step in range(3):
-        grads = [rng.standard_normal(a.shape).astype(np.float32) for a in arrays]
-        grads[0] *= 10.0  # ||w|| / ||g|| ~ 0.1: c / lr < 1, not clipped
-        opt(tuple(Tensor(g) for g in grads))
-        ref.step(grads, [lrs[step]] * 4, [0.001, 0.001, 0.001, 0.0])
-        _check(params, ref.w, step + 1)
+    _steps_list_lr_decay(opt, ref, params, arrays, lrs, rng)
 
 
 def test_momentum_nesterov_use_clip_list_lr(mode, path, rng):
@@ -107,12 +113,7 @@ def test_momentum_nesterov_use_clip_list_lr(mode, path, rng):
     _expect_path(opt, path)
     ref = LarsReference(MomentumReference(arrays, 0.9, use_nesterov=True), keep=[True, True, False, True],
                         coefficient=1.0, epsilon=1e-5, use_clip=True)
-    for step in range(3):
-        grads = [rng.standard_normal(a.shape).astype(np.float32) for a in arrays]
-        grads[0] *= 10.0  # ||w|| / ||g|| ~ 0.1: c / lr < 1, not clipped
-        opt(tuple(Tensor(g) for g in grads))
-        ref.step(grads, [lrs[step]] * 4, [0.001, 0.001, 0.001, 0.0])
-        _check(params, ref.w, step + 1)
+    _steps_list_lr_decay(opt, ref, params, arrays, lrs, rng)
 
 
 def test_wraps_ms_optim_lamb_with_schedule(mode, path, rng):
