@@ -175,3 +175,28 @@ def test_checkpoint_resume_mid_cycle(mode, rng, tmp_path):
         for p in net_c.trainable_params():
             np.testing.assert_allclose(p.asnumpy(), trajectory[t][p.name], rtol=RTOL, atol=ATOL,
                                        err_msg=f"{p.name} at step {t}")
+
+
+def test_sync_thor_flags_reaches_the_compiled_graph(mode, rng):
+    """After steps compiled the training graph (which writes the flags), moving ``global_step`` to a
+    THOR step and calling ``sync_thor_flags`` makes the NEXT step collect fc1's factor A from its
+    batch (the flags are written in place, so the compiled graph sees them)."""
+    net = _make()
+    opt = thor(net, Tensor(np.full(8, 0.05, np.float32)), Tensor(np.full(8, 0.05, np.float32)), 0.9,
+               batch_size=8, frequency=3)
+    cell = nn.TrainOneStepCell(_loss_net(net), opt).set_train()
+    batches = [(rng.standard_normal((8, 6)).astype(np.float32), rng.integers(0, 3, 8).astype(np.int32))
+               for _ in range(3)]
+    for x, y in batches[:2]:                          # steps 0 (THOR) and 1: flags now False
+        cell(Tensor(x), Tensor(y))
+    assert not any(bool(f.asnumpy()) for f in opt.thor_flags)
+    a_step0 = net.fc1.matrix_a_cov.asnumpy().copy()
+    ops.assign(opt.global_step, Tensor(np.array([3], np.int32)))
+    opt.sync_thor_flags()
+    assert all(bool(f.asnumpy()) for f in opt.thor_flags)
+    x, y = batches[2]
+    cell(Tensor(x), Tensor(y))
+    expected = x.astype(np.float64).T @ x.astype(np.float64) / 8
+    np.testing.assert_allclose(net.fc1.matrix_a_cov.asnumpy(), expected, rtol=1e-5, atol=1e-6)
+    assert not np.allclose(a_step0, expected)
+    assert not any(bool(f.asnumpy()) for f in opt.thor_flags)   # step 4 is not a THOR step

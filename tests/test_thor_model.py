@@ -359,3 +359,31 @@ def test_docs_example_runs_on_cpu(capsys):
         finals.append(params)
     for name, value in finals[0].items():
         np.testing.assert_array_equal(finals[1][name], value, err_msg=name)
+
+
+def test_thor_dynamic_loss_scale_equals_unscaled(mode):
+    """DynamicLossScaleManager(2**10, factor 2, window 2) through ModelThor: the scale doubles after
+    steps 1, 3, 5, so the THOR steps 2 and 4 (frequency 2) run with scales 2048 and 4096. The layers'
+    G carry the scale squared; the cell feeds the scale it used into ``factor_loss_scale``, so the
+    parameters and every inverse equal those of the same run without loss scaling."""
+    x, y = _data()
+    runs = []
+    for manager in (None, ms.DynamicLossScaleManager(init_loss_scale=2.0 ** 10, scale_factor=2, scale_window=2)):
+        net, opt = _thor_mlp(frequency=2)
+        model = ConvertModelUtils.convert_to_thor_model(None, net, loss_fn=_loss(), optimizer=opt,
+                                                        loss_scale_manager=manager)
+        model.train(2, _dataset(x, y), dataset_sink_mode=True, sink_size=3)
+        assert int(opt.global_step.asnumpy().reshape(-1)[0]) == 6
+        runs.append((net, opt, model))
+    (net_a, opt_a, _), (net_b, opt_b, model_b) = runs
+    assert float(model_b.train_network.scale_sense.asnumpy()) == 2.0 ** 13    # changed 3 times
+    assert float(opt_b.factor_loss_scale.asnumpy()) == 2.0 ** 12             # the scale step 5 used
+    assert float(opt_a.factor_loss_scale.asnumpy()) == 1.0
+    # G of the last THOR step (4) was stored under scale 4096
+    np.testing.assert_allclose(net_b.fc2.matrix_g_cov.asnumpy() / 2.0 ** 24, net_a.fc2.matrix_g_cov.asnumpy(),
+                               rtol=1e-4, atol=1e-12)
+    for name, value in _params(net_a).items():
+        np.testing.assert_allclose(_params(net_b)[name], value, rtol=1e-4, atol=1e-7, err_msg=name)
+    for inv_a, inv_b in zip(list(opt_a.matrix_a_inv) + list(opt_a.matrix_g_inv),
+                            list(opt_b.matrix_a_inv) + list(opt_b.matrix_g_inv)):
+        np.testing.assert_allclose(inv_b.asnumpy(), inv_a.asnumpy(), rtol=1e-4, atol=1e-7, err_msg=inv_a.name)

@@ -25,7 +25,9 @@ The training cell is built as MindSpore's ``Model`` builds it (``amp_level`` O0/
 * ``DynamicLossScaleManager`` or ``FixedLossScaleManager(drop_overflow_update=True)``: a
   ``TrainOneStepWithLossScaleCell`` whose overflow test is written with ``ops.isfinite`` (all-reduced
   over data-parallel ranks), so it also runs on CPU, where MindSpore's own cell needs an Ascend-only
-  status op. Gradients are unscaled before the optimizer and an overflowing step is skipped.
+  status op. Gradients are unscaled before the optimizer and an overflowing step is skipped. For a
+  THOR optimizer the cell feeds the scale this step's backward used (before the manager updates it)
+  into the optimizer's ``factor_loss_scale``, by which the layers' G are unscaled.
 
 ``ConvertModelUtils.convert_to_thor_model`` turns a ``Model`` built for an ms_optim THOR optimizer
 into a ``ModelThor``; for any other optimizer it returns the model unchanged.
@@ -54,13 +56,45 @@ def _tensor_all_finite(grad):
     return ops.isfinite(grad).all()
 
 
+_unscale = ops.MultitypeFuncGraph("_unscale")
+
+
+@_unscale.register("Tensor", "Tensor")
+def _tensor_unscale(inverse_scale, grad):
+    """grad / scale, in the gradient's dtype."""
+    return grad * ops.cast(inverse_scale, ops.dtype(grad))
+
+
 class _PortableLossScaleCell(nn.TrainOneStepWithLossScaleCell):
     """``TrainOneStepWithLossScaleCell`` with an overflow test made of portable ops.
 
     overflow = not all(isfinite(g) for g in grads), OR-ed over data-parallel ranks (AllReduce of
     the 0/1 flag), then handed to the loss-scale update cell exactly as in MindSpore's cell: the
     optimizer runs only when there is no overflow.
+
+    For a THOR optimizer it also feeds the scale this step's backward pass used (read before the
+    manager updates it) into the optimizer's ``factor_loss_scale`` (``feed_loss_scale``) before the
+    optimizer runs: the layers' G carry that scale squared.
     """
+
+    def __init__(self, network, optimizer, scale_sense):
+        super().__init__(network, optimizer, scale_sense)
+        self.feeds_loss_scale = callable(getattr(optimizer, "feed_loss_scale", None))
+
+    def construct(self, *inputs):
+        loss = self.network(*inputs)
+        used_scale = self.scale_sense * 1.0  # a copy: the manager may update scale_sense below
+        sens = ops.ones_like(loss) * ops.cast(used_scale, ops.dtype(loss))
+        grads = self.grad(self.network, self.weights)(*inputs, sens)
+        grads = self.hyper_map(ops.partial(_unscale, ops.reciprocal(used_scale)), grads)
+        grads = self.grad_reducer(grads)
+        if self.feeds_loss_scale:
+            grads = ops.depend(grads, self.optimizer.feed_loss_scale(used_scale))
+        cond = self.get_overflow_status(None, grads)
+        overflow = self.process_loss_scale(cond)
+        if not overflow:
+            loss = ops.depend(loss, self.optimizer(grads))
+        return loss, cond, used_scale
 
     def get_overflow_status(self, status, compute_output):
         flags = self.hyper_map(_all_finite, compute_output)

@@ -14,7 +14,7 @@ Algorithm (one call of the optimizer is one step ``t``, its ``global_step``; ``f
     if t % f == 0:                                            # a "THOR step"
         for every THOR layer l (DenseThor, Conv2dThor, EmbeddingThor, in cells_and_names() order):
             A_l <- layer.matrix_a_cov                         # collected by the layer this step
-            G_l <- layer.matrix_g_cov / loss_scale**2
+            G_l <- layer.matrix_g_cov / factor_loss_scale**2    # the scale of THIS step's backward
         (A, G) <- FactorAllReduce(A), FactorAllReduce(G)      # mean over data-parallel ranks
         Ainv_l <- blockdiag_k (A_l,k + lam I)^-1              # 128-wide diagonal blocks (last smaller),
         Ginv_l <- blockdiag_k (G_l,k + lam I)^-1              # or the whole matrix (inverse="full")
@@ -35,6 +35,18 @@ The thor_flag write is what makes the schedule hold in every calling path (``Tra
 caller skips (loss-scale overflow: the optimizer is not called) changes nothing here: the
 parameters, moments, inverses and ``global_step`` stay, and so do the flags, so the retried step
 is again a THOR step if the skipped one was.
+
+Loss scaling and G. A layer stores G from the gradient as it reaches the layer, i.e. multiplied by
+the loss scale s of that backward pass, so G carries s**2. The optimizer divides it by the square of
+``factor_loss_scale``, a non-trainable float32 Parameter (shape ()) holding the scale used in the
+current backward pass; it starts at ``loss_scale`` (right for no scaling and for
+``FixedLossScaleManager(drop_overflow_update=False)``, where ``TrainOneStepCell`` gets
+``sens = loss_scale``). A loss-scale cell whose scale changes (``DynamicLossScaleManager``) must
+feed the scale the gradients of this step were multiplied by, before the optimizer runs and before
+the manager updates it: inside its ``construct``, ``optimizer.feed_loss_scale(scale)`` (an
+``ops.assign``; ``ModelThor``'s loss-scale cell does it). MindSpore's own
+``TrainOneStepWithLossScaleCell`` does not: with it the optimizer keeps ``loss_scale``, right only
+while the live scale equals it (that cell does not run on CPU in MindSpore 2.10 anyway).
 
 An inverse is accepted only if finite and accurate (see ``ms_optim.thor.preconditioner``); a
 rejected factor keeps the layer's previous inverse (the identity before the first accepted one),
@@ -211,6 +223,9 @@ class ThorOptimizer(Optimizer):
       inverses ``matrix_a_inv_<i>`` with other, device-specific shapes -- 4-D on GPU, float16
       fractal blocks on Ascend; distinct names let a MindSpore THOR checkpoint load here without a
       shape clash: its inverses are skipped and recomputed on the next THOR step.)
+    * ``factor_loss_scale`` (float32 Parameter, shape ()): the loss scale of the current backward
+      pass, G is divided by its square; ``feed_loss_scale(scale)`` writes it (see the module
+      docstring, "Loss scaling and G");
     * ``moments`` (``moments.<param name>``), ``momentum`` (Parameter), ``learning_rate`` (as
       ``nn.Optimizer``), ``damping`` (float32 Tensor), ``loss_scale``, ``batch_size``,
       ``weight_decay`` (float), ``decay_flags``, ``use_nesterov``, ``enable_clip_grad``,
@@ -258,7 +273,8 @@ class ThorOptimizer(Optimizer):
         self._map_parameters(net)
         self.reduce_a = FactorAllReduce(self.num_layers, self.split_indices)
         self.reduce_g = FactorAllReduce(self.num_layers, self.split_indices)
-        self.g_unscale = Tensor(1.0 / (float(loss_scale) ** 2), mstype.float32)
+        self.factor_loss_scale = Parameter(Tensor(float(loss_scale), mstype.float32), name="factor_loss_scale",
+                                           requires_grad=False)
         self.frequency_tensor = Tensor([self.frequency], mstype.int32)
         self.zero_step = Tensor([0], mstype.int32)
         self.one_step = Tensor([1], mstype.int32)
@@ -351,7 +367,18 @@ class ThorOptimizer(Optimizer):
         step = int(self.global_step.asnumpy().reshape(-1)[0])
         value = Tensor(np.array(step % self.frequency == 0))
         for flag in self.thor_flags:
-            flag.set_data(value)
+            ops.assign(flag, value)  # in place: a compiled graph ignores set_data on Parameters it writes
+
+    def feed_loss_scale(self, scale):
+        """Write the loss scale this step's gradients (and so the layers' G) were multiplied by.
+
+        Call it from a loss-scale training cell's ``construct``, with the scale read BEFORE the
+        loss-scale manager updates it, and order it before the optimizer call (e.g.
+        ``grads = ops.depend(grads, optimizer.feed_loss_scale(scale))``). ``scale``: a Tensor of
+        shape () or (1,). Returns the result of the ``ops.assign``.
+        """
+        value = ops.cast(ops.reshape(scale, ()), mstype.float32)
+        return ops.assign(self.factor_loss_scale, value)
 
     # ------------------------------------------------------------------ the step
     def _check_schedules(self, step):
@@ -376,10 +403,11 @@ class ThorOptimizer(Optimizer):
         """THOR step: read the layers' factors, all-reduce, invert (damped, blocked), store."""
         a_factors = ()
         g_factors = ()
+        g_unscale = ops.reciprocal(ops.square(self.factor_loss_scale))
         for i in range(self.num_layers):
             anchor = gradients[self.layer_grad_index[i]]
             a_factors += (ops.depend(self.matrix_a_cov[i], anchor),)
-            g_factors += (ops.depend(self.matrix_g_cov[i], anchor) * self.g_unscale,)
+            g_factors += (ops.depend(self.matrix_g_cov[i], anchor) * g_unscale,)
         a_factors = self.reduce_a(a_factors)
         g_factors = self.reduce_g(g_factors)
         done = ()
@@ -473,8 +501,10 @@ def thor(net, learning_rate, damping, momentum, weight_decay=0.0, loss_scale=1.0
         momentum (float): momentum, at least 0.0.
         weight_decay (int, float): L2 penalty ``wd * w`` added on parameters ``decay_filter`` keeps.
             Default: 0.0.
-        loss_scale (int, float): the static loss scale the gradients carry (divided out; G is divided
-            by its square). Greater than 0. Default: 1.0.
+        loss_scale (int, float): the static loss scale the gradients carry (divided out). G is divided
+            by the square of ``factor_loss_scale``, which starts at this value; a dynamic loss-scale
+            cell feeds the live scale with ``feed_loss_scale`` (see :class:`ThorOptimizer`).
+            Greater than 0. Default: 1.0.
         batch_size (int): the batch size B, used by the LayerNorm rule ``g / (g^2 / B + sqrt(damping))``.
             Default: 32.
         use_nesterov (bool): Nesterov momentum. Default: False.
