@@ -13,4 +13,4 @@ fi
 source "$VENV/bin/activate"
 echo "[ms_optim] installing ms_optim[$1] (mindspore==2.10.0 on first run: about a minute)"
 python -m pip install -q --disable-pip-version-check --upgrade pip >/dev/null
-python -m pip install -q --disable-pip-version-check -e "$ROOT[$1]"
+python -m pip install -q --disable-pip-version-check -e "${ROOT}[$1]"
