@@ -7,8 +7,9 @@ How the pieces fit (the contract between the modules of this package):
       * ``matrix_a_cov``: A = input covariance of the last THOR step (Dense: in x in; Conv2d:
         (C_in*kh*kw) x (C_in*kh*kw); Embedding: a (vocab_size,) vector, the diagonal of A);
       * ``matrix_g_cov``: G = output-gradient covariance of the last THOR step (out x out), as
-        computed from the gradient that reaches the layer (i.e. still multiplied by the static loss
-        scale; the optimizer divides by ``loss_scale**2``);
+        computed from the gradient that reaches the layer, i.e. still carrying the loss scale of that
+        backward pass; the optimizer divides by ``factor_loss_scale**2`` (its Parameter: the static
+        ``loss_scale``, or the live dynamic scale fed by the loss-scale cell via ``feed_loss_scale``);
       * ``thor_flag``: scalar bool Parameter. While it is True and the layer is in training mode
         (``cell.training``), the backward pass computes A (from the layer input) and G (from dL/ds)
         in one custom-bprop tap; while it is False neither is computed (no cost beyond a branch).
