@@ -13,6 +13,8 @@ _EXPORTS = {
     "DenseThor": "ms_optim.thor.layers",
     "Conv2dThor": "ms_optim.thor.layers",
     "EmbeddingThor": "ms_optim.thor.layers",
+    # MindSpore's needs an Ascend-only status op on CPU; this one has the same signature and runs anywhere.
+    "TrainOneStepWithLossScaleCell": "ms_optim.loss_scale",
 }
 
 __all__ = sorted(_EXPORTS)

@@ -23,7 +23,7 @@ The training cell is built as MindSpore's ``Model`` builds it (``amp_level`` O0/
 * ``FixedLossScaleManager(s, drop_overflow_update=False)``: ``TrainOneStepCell`` with ``sens = s``;
   the gradients reach the optimizer multiplied by ``s`` (THOR's ``loss_scale`` divides it out);
 * ``DynamicLossScaleManager`` or ``FixedLossScaleManager(drop_overflow_update=True)``: a
-  ``TrainOneStepWithLossScaleCell`` whose overflow test is written with ``ops.isfinite`` (all-reduced
+  ``TrainOneStepWithLossScaleCell`` (``ms_optim.loss_scale``) whose overflow test is written with ``ops.isfinite`` (all-reduced
   over data-parallel ranks), so it also runs on CPU, where MindSpore's own cell needs an Ascend-only
   status op. Gradients are unscaled before the optimizer and an overflowing step is skipped. For a
   THOR optimizer the cell feeds the scale this step's backward used (before the manager updates it)
@@ -38,72 +38,14 @@ import math
 from typing import Any, Iterator, Optional, Tuple
 
 import numpy as np
-from mindspore import context, nn, ops
-from mindspore import dtype as mstype
+from mindspore import context, nn
 from mindspore.train import amp
 from mindspore.train.callback import RunContext
 from mindspore.train.model import Model
 
+from ms_optim.loss_scale import TrainOneStepWithLossScaleCell
+
 __all__ = ["ModelThor", "ConvertModelUtils"]
-
-
-_all_finite = ops.MultitypeFuncGraph("_all_finite")
-
-
-@_all_finite.register("Tensor")
-def _tensor_all_finite(grad):
-    """True when every element of ``grad`` is finite."""
-    return ops.isfinite(grad).all()
-
-
-_unscale = ops.MultitypeFuncGraph("_unscale")
-
-
-@_unscale.register("Tensor", "Tensor")
-def _tensor_unscale(inverse_scale, grad):
-    """grad / scale, in the gradient's dtype."""
-    return grad * ops.cast(inverse_scale, ops.dtype(grad))
-
-
-class _PortableLossScaleCell(nn.TrainOneStepWithLossScaleCell):
-    """``TrainOneStepWithLossScaleCell`` with an overflow test made of portable ops.
-
-    overflow = not all(isfinite(g) for g in grads), OR-ed over data-parallel ranks (AllReduce of
-    the 0/1 flag), then handed to the loss-scale update cell exactly as in MindSpore's cell: the
-    optimizer runs only when there is no overflow.
-
-    For a THOR optimizer it also feeds the scale this step's backward pass used (read before the
-    manager updates it) into the optimizer's ``factor_loss_scale`` (``feed_loss_scale``) before the
-    optimizer runs: the layers' G carry that scale squared.
-    """
-
-    def __init__(self, network, optimizer, scale_sense):
-        super().__init__(network, optimizer, scale_sense)
-        self.feeds_loss_scale = callable(getattr(optimizer, "feed_loss_scale", None))
-
-    def construct(self, *inputs):
-        loss = self.network(*inputs)
-        used_scale = self.scale_sense * 1.0  # a copy: the manager may update scale_sense below
-        sens = ops.ones_like(loss) * ops.cast(used_scale, ops.dtype(loss))
-        grads = self.grad(self.network, self.weights)(*inputs, sens)
-        grads = self.hyper_map(ops.partial(_unscale, ops.reciprocal(used_scale)), grads)
-        grads = self.grad_reducer(grads)
-        if self.feeds_loss_scale:
-            grads = ops.depend(grads, self.optimizer.feed_loss_scale(used_scale))
-        cond = self.get_overflow_status(None, grads)
-        overflow = self.process_loss_scale(cond)
-        if not overflow:
-            loss = ops.depend(loss, self.optimizer(grads))
-        return loss, cond, used_scale
-
-    def get_overflow_status(self, status, compute_output):
-        flags = self.hyper_map(_all_finite, compute_output)
-        finite = ops.stack(flags).all()
-        overflow = ops.logical_not(finite)
-        if self.is_distributed:
-            count = self.allreduce(ops.cast(overflow, mstype.float32).reshape((1,)))
-            overflow = (count > 0.0).reshape(())
-        return overflow
 
 
 def _is_thor_optimizer(optimizer: Any) -> bool:
@@ -183,7 +125,7 @@ class ModelThor(Model):
         update_cell = manager.get_update_cell()
         if update_cell is None:
             return nn.TrainOneStepCell(loss_network, self._optimizer, float(manager.get_loss_scale())).set_train()
-        return _PortableLossScaleCell(loss_network, self._optimizer, scale_sense=update_cell).set_train()
+        return TrainOneStepWithLossScaleCell(loss_network, self._optimizer, scale_sense=update_cell).set_train()
 
     # ------------------------------------------------------------------ training loops
     def _train(self, epoch, train_dataset, callbacks=None, dataset_sink_mode=True, sink_size=-1,
