@@ -97,7 +97,10 @@ def main() -> None:
             x = xs[s, rank * local:(rank + 1) * local]
             y = ys[s, rank * local:(rank + 1) * local]
             losses.append(float(train(Tensor(x), Tensor(y)).asnumpy()))
+        # the net's Parameters (weights, the layers' rank-local factors, flags) and the optimizer's
+        # state (moments, inverses built from the all-reduced factors, global_step)
         params = {p.name: p.asnumpy() for p in net.get_parameters()}
+        params.update({p.name: p.asnumpy() for p in train.optimizer.get_parameters()})
         params["__losses__"] = np.array(losses)
         name = f"{tag}_single.npz" if args.single else f"{tag}_rank{rank}.npz"
         np.savez(os.path.join(args.out, name), **params)
