@@ -17,23 +17,14 @@ from mindspore import Tensor, nn, ops
 from ms_optim.loss_scale import TrainOneStepWithLossScaleCell  # MindSpore's needs an Ascend-only op on CPU
 from ms_optim.thor.optimizer import thor
 from reference.thor_ref import MLPRef, ThorReference
+from thor_nets import MLP
 
 RTOL = 1e-3
 ATOL = 1e-6
 
 
-class MLP(nn.Cell):
-    def __init__(self, n_in=6, hidden=5, classes=3):
-        super().__init__()
-        self.fc1 = nn.Dense(n_in, hidden, activation="relu")
-        self.fc2 = nn.Dense(hidden, classes)
-
-    def construct(self, x):
-        return self.fc2(self.fc1(x))
-
-
 def _make(seed=3, **kwargs):
-    net = MLP()
+    net = MLP(6, 5, 3)
     rng = np.random.default_rng(seed)
     for p in net.trainable_params():
         p.set_data(Tensor((rng.standard_normal(p.shape) * 0.7).astype(np.float32)))

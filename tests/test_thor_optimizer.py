@@ -17,22 +17,13 @@ from ms_optim.thor import preconditioner as pc
 from ms_optim.thor.layers import ThorLayer
 from ms_optim.thor.optimizer import ThorOptimizer, thor
 from reference.thor_ref import ConvRef, EmbedRef, MLPRef, ThorReference, block_inverse
+from thor_nets import MLP  # shared with the fault tests
 
 RTOL = 1e-3
 ATOL = 1e-6
 
 
 # ----------------------------------------------------------------------------------- nets
-class MLP(nn.Cell):
-    def __init__(self, n_in=20, hidden=150, classes=10):
-        super().__init__()
-        self.fc1 = nn.Dense(n_in, hidden, activation="relu")
-        self.fc2 = nn.Dense(hidden, classes)
-
-    def construct(self, x):
-        return self.fc2(self.fc1(x))
-
-
 class ConvNet(nn.Cell):
     def __init__(self):
         super().__init__()

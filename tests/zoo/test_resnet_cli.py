@@ -13,14 +13,8 @@ import sys
 
 import pytest
 
-from zoo_data import write_cifar10, write_image_folder, write_rank_table
+from zoo_data import CONFIGS, EVAL, SCRIPTS, TRAIN, ZOO, write_cifar10, write_image_folder, write_rank_table
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-ZOO = os.path.join(ROOT, "model_zoo", "resnet")
-TRAIN = os.path.join(ZOO, "train.py")
-EVAL = os.path.join(ZOO, "eval.py")
-CONFIGS = os.path.join(ZOO, "configs")
-SCRIPTS = os.path.join(ROOT, "scripts")
 LAUNCHERS = ["run_standalone_train.sh", "run_distribute_train.sh", "run_distribute_train_msrun.sh",
              "run_distribute_train_gpu.sh", "run_distribute_train_cpu.sh", "run_eval.sh"]
 

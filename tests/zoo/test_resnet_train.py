@@ -22,14 +22,8 @@ import sys
 import numpy as np
 import pytest
 
-from zoo_data import write_cifar10, write_image_folder
+from zoo_data import CONFIGS, EVAL, SCRIPTS, TRAIN, ZOO, write_cifar10, write_image_folder
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-ZOO = os.path.join(ROOT, "model_zoo", "resnet")
-TRAIN = os.path.join(ZOO, "train.py")
-EVAL = os.path.join(ZOO, "eval.py")
-CONFIGS = os.path.join(ZOO, "configs")
-SCRIPTS = os.path.join(ROOT, "scripts")
 TINY = ["--width=4", "--image_size=16", "--batch_size=4", "--eval_batch_size=4", "--num_parallel_workers=1",
         "--log_interval=1", "--stem=cifar", "--class_num=10"]
 THOR_ARGS = ["--frequency=3", "--split_indices=10,20"]
