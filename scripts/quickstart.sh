@@ -7,7 +7,7 @@
 # Usage: bash scripts/quickstart.sh [extra arguments for model_zoo/lenet/compare.py]
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-# shellcheck source=scripts/_venv.sh
+# shellcheck source=_venv.sh source-path=SCRIPTDIR
 source "$ROOT/scripts/_venv.sh" examples
 cd "$ROOT"
 OUT="${MS_OPTIM_OUT:-$ROOT/outputs/quickstart}"

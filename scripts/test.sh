@@ -4,7 +4,7 @@
 # Usage: bash scripts/test.sh [extra pytest args]
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-# shellcheck source=scripts/_venv.sh
+# shellcheck source=_venv.sh source-path=SCRIPTDIR
 source "$ROOT/scripts/_venv.sh" "test,examples"
 cd "$ROOT"
 python -m pytest -ra --durations=15 "$@"
