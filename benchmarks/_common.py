@@ -33,21 +33,27 @@ def sync() -> None:
 
 
 def interleaved_medians(candidates: Mapping[str, Callable[[], Any]], repeats: int = 30, warmup: int = 3,
-                        synchronize: Callable[[], None] = sync) -> Dict[str, Dict[str, float]]:
+                        synchronize: Callable[[], None] = sync,
+                        prepare: Optional[Mapping[str, Callable[[], Any]]] = None) -> Dict[str, Dict[str, float]]:
     """Time every callable ``repeats`` times, interleaved round by round, after ``warmup`` calls each.
 
     Each round runs the candidates in a rotated order (so none is always first after a pause).
+    ``prepare[name]``, where given, runs before every call of ``candidates[name]``, outside the timed
+    region (e.g. to reset state so each call does the same work).
     Returns, per name: ``median_ms``, ``p25_ms``, ``p75_ms``, ``min_ms`` and ``n``.
     """
     names = list(candidates)
+    prepare = prepare or {}
     for name in names:
         for _ in range(warmup):
+            prepare.get(name, lambda: None)()
             candidates[name]()
         synchronize()
     samples: Dict[str, list] = {name: [] for name in names}
     for round_index in range(repeats):
         shift = round_index % len(names)
         for name in names[shift:] + names[:shift]:
+            prepare.get(name, lambda: None)()
             synchronize()
             start = time.perf_counter()
             candidates[name]()

@@ -32,10 +32,8 @@ from __future__ import annotations
 
 import argparse
 import os
-import statistics
 import sys
-import time
-from typing import Callable, Dict, List, Optional
+from typing import Dict, List, Optional
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
@@ -43,7 +41,7 @@ for path in (ROOT, HERE):
     if path not in sys.path:
         sys.path.insert(0, path)
 
-from _common import RESULTS_DIR, bar_plot, sync, write_json  # noqa: E402
+from _common import RESULTS_DIR, bar_plot, interleaved_medians, write_json  # noqa: E402
 
 TARGETS = {"non_thor_vs_momentum": 1.15, "amortised_f100_vs_momentum": 1.3, "tta_thor_vs_best_momentum": 0.7}
 MOMENTUM_LRS = (0.01, 0.03, 0.1, 0.3)
@@ -65,33 +63,6 @@ def _copy_weights(src, dst) -> None:
     for p in dst.get_parameters():
         if p.name in values:
             p.set_data(__import__("mindspore").Tensor(values[p.name]))
-
-
-def _time_rounds(candidates: Dict[str, Callable[[], None]], prepare: Dict[str, Callable[[], None]],
-                 repeats: int, warmup: int) -> Dict[str, Dict[str, float]]:
-    """Interleaved timing with per-candidate state preparation outside the timed region."""
-    names = list(candidates)
-    for name in names:
-        for _ in range(warmup):
-            prepare.get(name, lambda: None)()
-            candidates[name]()
-            sync()
-    samples: Dict[str, List[float]] = {n: [] for n in names}
-    for r in range(repeats):
-        shift = r % len(names)
-        for name in names[shift:] + names[:shift]:
-            prepare.get(name, lambda: None)()
-            sync()
-            start = time.perf_counter()
-            candidates[name]()
-            sync()
-            samples[name].append((time.perf_counter() - start) * 1e3)
-    out = {}
-    for name, values in samples.items():
-        q = statistics.quantiles(values, n=4) if len(values) > 1 else [values[0]] * 3
-        out[name] = {"median_ms": statistics.median(values), "p25_ms": q[0], "p75_ms": q[2],
-                     "min_ms": min(values), "n": len(values)}
-    return out
 
 
 def step_benchmark(net_name: str, batch: int, repeats: int, warmup: int, stem: str) -> Dict:
@@ -144,7 +115,7 @@ def step_benchmark(net_name: str, batch: int, repeats: int, warmup: int, stem: s
                "non_thor": state(1, False),       # stored inverses reused
                "collect_only": state(1, True),    # factors collected, no inversion
                "invert_only": state(0, False)}    # inversion of the stored factors, no collection
-    timings = _time_rounds(candidates, prepare, repeats, warmup)
+    timings = interleaved_medians(candidates, repeats=repeats, warmup=warmup, prepare=prepare)
     med = {k: v["median_ms"] for k, v in timings.items()}
     amortised = (med["thor_step"] + 99 * med["non_thor"]) / 100
     collection = med["collect_only"] - med["non_thor"]
