@@ -16,12 +16,3 @@ _EXPORTS = {**_NN_EXPORTS, **_TRAIN_THOR_EXPORTS, "use": "ms_optim._patch", "und
 __all__ = sorted(_EXPORTS) + ["nn", "train_thor"]
 __getattr__ = lazy_getattr(_EXPORTS, __name__)
 __dir__ = lazy_dir(_EXPORTS)
-
-# `ms_optim.thor` must be the optimizer factory (as `mindspore.nn.thor` is), but ms_optim/thor/ is also
-# a subpackage, and loading a subpackage makes Python set the parent's attribute `thor` to the module,
-# which would hide the factory from __getattr__. Load the subpackage now (its __init__ is documentation
-# only) and drop that attribute: the package is then in sys.modules, so later imports of ms_optim.thor.*
-# never set it again, and `ms_optim.thor` resolves lazily to the function.
-import ms_optim.thor as _thor_package  # noqa: E402,F401
-
-globals().pop("thor", None)

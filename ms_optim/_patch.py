@@ -35,9 +35,9 @@ __all__ = ["use", "undo_use", "is_active", "UsePatch"]
 
 _MISSING = object()
 
-# Public name -> ms_optim module defining it (the same table as the facades).
-_NN_NAMES = ("thor", "Lamb", "LARS", "ASGD", "DenseThor", "Conv2dThor", "EmbeddingThor")
-_TRAIN_THOR_NAMES = ("ConvertModelUtils", "ConvertNetUtils", "ModelThor")
+# The facades (module path of the facade, MindSpore namespace it stands in for): the names use()
+# replaces are read from their ``_EXPORTS`` tables, never listed here.
+_FACADES = (("ms_optim.nn", "mindspore.nn"), ("ms_optim.train_thor", "mindspore.train.train_thor"))
 
 # Modules where a *definition* of a replaced name (not only a re-export of a known original) is
 # also replaced when it is imported under use(): MindSpore's implementation packages.
@@ -50,21 +50,44 @@ _lock = threading.RLock()
 _active: Optional["_Session"] = None
 
 
-def _ours() -> Dict[str, Any]:
-    """ms_optim's object for every replaced name (imports the implementations; raises if one fails)."""
-    from ms_optim.nn import _EXPORTS as nn_exports
-    from ms_optim.train_thor import _EXPORTS as tt_exports
+def _mindspore_original(home: str, name: str) -> Any:
+    """MindSpore's object for ``name``: in its public namespace ``home``, else in a loaded ``home.*`` module
+    that defines it (``ModelThor`` lives in ``mindspore.train.train_thor.model_thor``); _MISSING if none."""
+    module = sys.modules.get(home)
+    if module is not None and name in module.__dict__:
+        return module.__dict__[name]
+    for modname, module in list(sys.modules.items()):
+        value = getattr(module, "__dict__", {}).get(name, _MISSING) if modname.startswith(home + ".") else _MISSING
+        if value is not _MISSING and getattr(value, "__module__", None) == modname:
+            return value
+    return _MISSING
 
-    table = {**{n: nn_exports[n] for n in _NN_NAMES}, **{n: tt_exports[n] for n in _TRAIN_THOR_NAMES}}
-    objects = {}
-    for name, module_name in table.items():
-        try:
-            module = importlib.import_module(module_name)
-        except Exception as exc:  # report which implementation is missing, then stop before patching
-            raise ImportError(f"ms_optim.use() cannot replace '{name}': importing {module_name} failed "
-                              f"({type(exc).__name__}: {exc})") from exc
-        objects[name] = getattr(module, name)
-    return objects
+
+def _extends(ours: Any, original: Any) -> bool:
+    """ms_optim's class subclasses MindSpore's (the portable loss-scale cell): an extension that MindSpore's
+    own code keeps using, not a replacement."""
+    return isinstance(ours, type) and isinstance(original, type) and issubclass(ours, original)
+
+
+def _ours() -> Dict[str, Tuple[Any, str]]:
+    """name -> (ms_optim's object, MindSpore namespace) for every replaced name: each facade export that
+    re-implements a MindSpore name (imports the implementations; raises ImportError if one fails).
+    Ordered as the facades list them, the factory function ``thor`` before the classes."""
+    import mindspore  # noqa: F401  (loads mindspore.nn, mindspore.train and train_thor)
+
+    found = []
+    for facade, home in _FACADES:
+        table = importlib.import_module(facade)._EXPORTS
+        for name, module_name in table.items():
+            try:
+                obj = getattr(importlib.import_module(module_name), name)
+            except Exception as exc:  # report which implementation is missing, then stop before patching
+                raise ImportError(f"ms_optim.use() cannot replace '{name}': importing {module_name} failed "
+                                  f"({type(exc).__name__}: {exc})") from exc
+            if not _extends(obj, _mindspore_original(home, name)):
+                found.append((name, obj, home))
+    found.sort(key=lambda item: isinstance(item[1], type))  # stable: table order within each kind
+    return {name: (obj, home) for name, obj, home in found}
 
 
 def _is_mindspore_module(name: str) -> bool:
@@ -74,11 +97,12 @@ def _is_mindspore_module(name: str) -> bool:
 class _Session:
     """One activation: what was replaced, so that undo restores it exactly."""
 
-    def __init__(self, ours: Dict[str, Any]):
-        self.ours = ours
-        self.our_ids = {id(obj): name for name, obj in ours.items()}
+    def __init__(self, table: Dict[str, Tuple[Any, str]]):
+        self.ours = {name: obj for name, (obj, _) in table.items()}
+        self.homes = {name: home for name, (_, home) in table.items()}
+        self.our_ids = {id(obj): name for name, obj in self.ours.items()}
         # name -> MindSpore's objects known for that name (usually one).
-        self.originals: Dict[str, List[Any]] = {name: [] for name in ours}
+        self.originals: Dict[str, List[Any]] = {name: [] for name in self.ours}
         # (module, attribute, previous value or _MISSING), in the order applied.
         self.records: List[Tuple[ModuleType, str, Any]] = []
         self.hook: Optional[_PatchFinder] = None
@@ -92,15 +116,8 @@ class _Session:
             self.originals[name].append(obj)
 
     def collect_originals(self) -> None:
-        import mindspore  # noqa: F401  (loads mindspore.nn, mindspore.train and train_thor)
-
-        homes = {name: "mindspore.nn" for name in _NN_NAMES}
-        homes.update(ConvertModelUtils="mindspore.train.train_thor", ConvertNetUtils="mindspore.train.train_thor",
-                     ModelThor="mindspore.train.train_thor.model_thor")
-        for name, home in homes.items():
-            module = sys.modules.get(home)
-            if module is not None:
-                self._add_original(name, module.__dict__.get(name, _MISSING))
+        for name, home in self.homes.items():
+            self._add_original(name, _mindspore_original(home, name))
 
     # -- patching --------------------------------------------------------------------------------
     def _set(self, module: ModuleType, name: str, value: Any) -> None:
@@ -134,9 +151,11 @@ class _Session:
         for modname, module in list(sys.modules.items()):
             if _is_mindspore_module(modname) and isinstance(module, ModuleType):
                 self.patch_module(module)
-        train_thor = sys.modules.get("mindspore.train.train_thor")
-        if train_thor is not None and train_thor.__dict__.get("ModelThor", _MISSING) is not self.ours["ModelThor"]:
-            self._set(train_thor, "ModelThor", self.ours["ModelThor"])
+        # every replaced name is reachable from its public namespace (MindSpore keeps ModelThor one deeper)
+        for name, home in self.homes.items():
+            module = sys.modules.get(home)
+            if module is not None and module.__dict__.get(name, _MISSING) is not self.ours[name]:
+                self._set(module, name, self.ours[name])
 
     def install_hook(self) -> None:
         self.hook = _PatchFinder(self)
@@ -223,9 +242,14 @@ class _PatchFinder(importlib.abc.MetaPathFinder):
 
 
 class UsePatch:
-    """Handle returned by :func:`use`; ``undo()`` or leaving a ``with`` block ends this activation."""
+    """Handle returned by :func:`use`; ``undo()`` or leaving a ``with`` block ends this activation.
 
-    def __init__(self) -> None:
+    A handle belongs to the activation it was made in: once that one has ended (by :func:`undo_use`),
+    its ``undo()`` does nothing, so it cannot end a newer activation.
+    """
+
+    def __init__(self, session: "_Session") -> None:
+        self._session = session
         self._done = False
 
     def undo(self) -> None:
@@ -235,7 +259,7 @@ class UsePatch:
             if self._done:
                 return
             self._done = True
-            if _active is None:
+            if _active is None or _active is not self._session:
                 return
             _active.depth -= 1
             if _active.depth == 0:
@@ -273,7 +297,7 @@ def use(verbose: bool = True) -> UsePatch:
     with _lock:
         if _active is not None:
             _active.depth += 1
-            return UsePatch()
+            return UsePatch(_active)
         session = _Session(_ours())
         session.collect_originals()
         try:
@@ -285,7 +309,7 @@ def use(verbose: bool = True) -> UsePatch:
         _active = session
         if verbose:
             print(session.summary(), file=sys.stderr, flush=True)
-        return UsePatch()
+        return UsePatch(session)
 
 
 def undo_use() -> bool:

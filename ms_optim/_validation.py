@@ -9,6 +9,7 @@ a number is expected (``True`` is an ``int`` in Python, but not a learning rate)
 """
 from __future__ import annotations
 
+import math
 import numbers
 from typing import Any, Callable, Iterable, Optional, Tuple, Type, Union
 
@@ -22,6 +23,8 @@ __all__ = [
     "check_range",
     "check_positive",
     "check_non_negative",
+    "check_finite",
+    "check_values",
     "check_callable",
     "check_tensor",
 ]
@@ -85,9 +88,13 @@ def check_bool(name: str, value: Any, cls_name: Optional[str] = None) -> bool:
 
 def check_range(name: str, value: Union[int, float], low: Optional[float] = None, high: Optional[float] = None,
                 low_inclusive: bool = True, high_inclusive: bool = True, cls_name: Optional[str] = None):
-    """Raise ValueError unless low <(=) value <(=) high; a bound of None is open-ended."""
-    too_low = low is not None and (value < low if low_inclusive else value <= low)
-    too_high = high is not None and (value > high if high_inclusive else value >= high)
+    """Raise ValueError unless low <(=) value <(=) high; a bound of None is open-ended.
+
+    Written as ``not (value >= low)`` so that NaN, which compares false with everything, is refused
+    whenever a bound is given.
+    """
+    too_low = low is not None and not (value >= low if low_inclusive else value > low)
+    too_high = high is not None and not (value <= high if high_inclusive else value < high)
     if too_low or too_high:
         if low is not None and high is not None:
             rule = (f"in the range {'[' if low_inclusive else '('}{low}, {high}"
@@ -98,6 +105,30 @@ def check_range(name: str, value: Union[int, float], low: Optional[float] = None
             rule = f"{'<=' if high_inclusive else '<'} {high}"
         raise ValueError(f"{_prefix(cls_name)} argument '{name}' must be {rule}, but got {value!r}.")
     return value
+
+
+def check_finite(name: str, value: Union[int, float], cls_name: Optional[str] = None):
+    """value is neither NaN nor +-inf (ValueError otherwise)."""
+    if not math.isfinite(value):
+        raise ValueError(f"{_prefix(cls_name)} argument '{name}' must be a finite number, but got {value!r}.")
+    return value
+
+
+def check_values(name: str, values: Any, cls_name: Optional[str] = None, low: float = 0.0) -> Any:
+    """Every element of ``values`` (a list, tuple, NumPy array or Tensor of numbers) is finite and >= ``low``.
+
+    Raises ValueError naming the argument and the first bad element; returns ``values`` unchanged.
+    """
+    import numpy as np  # local, like check_tensor's import
+
+    array = values.asnumpy() if hasattr(values, "asnumpy") else np.asarray(values)
+    array = np.asarray(array, dtype=np.float64).reshape(-1)
+    bad = ~np.isfinite(array) | (array < low)
+    if bad.any():
+        index = int(np.argmax(bad))
+        raise ValueError(f"{_prefix(cls_name)} argument '{name}' must hold finite values >= {low}, but element "
+                         f"{index} is {float(array[index])!r}.")
+    return values
 
 
 def check_positive(name: str, value: Union[int, float], cls_name: Optional[str] = None):

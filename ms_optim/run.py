@@ -15,6 +15,7 @@ replaced.
 """
 from __future__ import annotations
 
+import importlib.util
 import os
 import runpy
 import sys
@@ -39,7 +40,8 @@ options:
   -h, --help   show this message and exit (only when given before SCRIPT)
   -m MODULE    run a module as `python -m MODULE` would, instead of a script file
 
-The exit status is the script's. In your own code, `ms_optim.use()` does the same
+The exit status is the script's; a SCRIPT or MODULE that cannot be found is one line on stderr
+and exit status 2. In your own code, `ms_optim.use()` does the same
 (`with ms_optim.use(): ...`, or `ms_optim.undo_use()` to restore MindSpore's names).
 """
 
@@ -71,6 +73,36 @@ def _set_path0(folder: str, package_root: str) -> None:
         sys.path.append(package_root)
 
 
+def _module_problem(name: str) -> Optional[str]:
+    """Why ``python -m NAME`` cannot start (no such module, or a package without ``__main__``), or None.
+    Finding a submodule imports its parent packages, as running it would."""
+    try:
+        spec = importlib.util.find_spec(name)
+        if spec is not None and spec.submodule_search_locations is not None:
+            if importlib.util.find_spec(f"{name}.__main__") is None:
+                return f"{name!r} is a package and cannot be directly executed (no {name}.__main__)"
+    except (ImportError, ValueError) as exc:  # a missing parent package, or an empty/relative name
+        return str(exc).splitlines()[0] if str(exc) else f"No module named {name!r}"
+    return None if spec is not None else f"No module named {name!r}"
+
+
+def _top_level_problem(name: str) -> Optional[str]:
+    """``_module_problem`` for the first component of ``name`` only, which imports nothing, with the
+    current directory first on ``sys.path`` as ``python -m`` has it."""
+    top = name.split(".")[0]
+    if not top:
+        return f"No module named {name!r}"
+    saved = sys.path[:]
+    try:
+        sys.path[:1] = [os.getcwd()]
+        found = importlib.util.find_spec(top) is not None
+    except (ImportError, ValueError):
+        found = False
+    finally:
+        sys.path[:] = saved
+    return None if found else f"No module named {top!r}"
+
+
 def main(argv: Optional[List[str]] = None) -> int:
     """Entry point of ``python -m ms_optim.run``; returns the process exit status."""
     kind, target, args = _parse(sys.argv[1:] if argv is None else argv)
@@ -80,6 +112,12 @@ def main(argv: Optional[List[str]] = None) -> int:
     if kind == "script" and not os.path.exists(target):
         sys.stderr.write(f"ms_optim.run: error: can't open file {target!r}: no such file\n")
         return 2
+
+    if kind == "module":
+        problem = _top_level_problem(target)
+        if problem is not None:  # before use(): its notice would be a second line
+            sys.stderr.write(f"ms_optim.run: error: -m {target}: {problem}\n")
+            return 2
 
     import ms_optim
 
@@ -98,6 +136,10 @@ def main(argv: Optional[List[str]] = None) -> int:
         else:
             sys.argv = [target] + list(args)  # runpy replaces argv[0] by the module's file
             _set_path0(os.getcwd(), package_root)
+            problem = _module_problem(target)
+            if problem is not None:
+                sys.stderr.write(f"ms_optim.run: error: -m {target}: {problem}\n")
+                return 2
             runpy.run_module(target, run_name="__main__", alter_sys=True)
     except SystemExit as exc:
         code = exc.code

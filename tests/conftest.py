@@ -9,20 +9,12 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # tests/referenc
 
 import mindspore as ms  # noqa: E402
 
+from ms_optim._bridge import prime_numpy_bridge  # noqa: E402
+
 ms.set_context(device_target="CPU")
 
 
-def _absorb_numpy_bridge_first_call() -> None:
-    """MindSpore 2.10's C++ NumPy bridge was built against NumPy 1.x: under NumPy 2 the first op that
-    goes through it raises SystemError once (later calls work). Take that hit here, once per test
-    process, so no test depends on which op happens to run first."""
-    try:
-        ms.ops.reshape(ms.Tensor(np.zeros(2, np.float32)), (2, 1))
-    except SystemError:
-        pass
-
-
-_absorb_numpy_bridge_first_call()
+prime_numpy_bridge()  # MindSpore 2.10 + NumPy 2: take the bridge's one-time failure now (ms_optim._bridge)
 
 
 @pytest.fixture(params=["pynative", "graph"])

@@ -19,13 +19,15 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 from mindspore import Parameter, Tensor, nn
-
-import ms_optim
 from reference.asgd_ref import ASGDReference
 from reference.lamb_ref import LambReference, centralize
 from reference.lars_ref import LarsReference, MomentumReference
 
+import ms_optim
+
 EMPTY = inspect.Parameter.empty
+NAN = float("nan")
+INF = float("inf")
 
 
 def _lars_filter_default(param: Parameter) -> bool:
@@ -113,6 +115,28 @@ def _lamb_bad() -> List[Bad]:
         Bad("negative learning_rate", lamb(learning_rate=-0.1), ValueError, "learning_rate", "-0.1"),
         Bad("2-D Tensor learning_rate", lamb(learning_rate=Tensor(np.ones((2, 2), np.float32))),
             ValueError, "learning_rate", "(2, 2)"),
+        # non-finite values (NaN passes `x < low` tests): every one named with its value
+        Bad("beta1 = nan", lamb(beta1=NAN), ValueError, "beta1", "nan"),
+        Bad("beta1 = inf", lamb(beta1=INF), ValueError, "beta1", "inf"),
+        Bad("beta2 = nan", lamb(beta2=NAN), ValueError, "beta2", "nan"),
+        Bad("beta2 = -inf", lamb(beta2=-INF), ValueError, "beta2", "-inf"),
+        Bad("eps = nan", lamb(eps=NAN), ValueError, "eps", "nan"),
+        Bad("eps = inf", lamb(eps=INF), ValueError, "eps", "inf"),
+        Bad("learning_rate = nan", lamb(learning_rate=NAN), ValueError, "learning_rate", "nan"),
+        Bad("learning_rate = inf", lamb(learning_rate=INF), ValueError, "learning_rate", "inf"),
+        Bad("weight_decay = nan", lamb(weight_decay=NAN), ValueError, "weight_decay", "nan"),
+        Bad("weight_decay = inf", lamb(weight_decay=INF), ValueError, "weight_decay", "inf"),
+        Bad("list learning_rate with nan", lamb(learning_rate=[0.1, NAN]), ValueError, "learning_rate", "nan"),
+        Bad("list learning_rate with a negative", lamb(learning_rate=[0.1, -0.2]), ValueError, "learning_rate",
+            "-0.2"),
+        Bad("empty list learning_rate", lamb(learning_rate=[]), ValueError, "learning_rate", "[]"),
+        Bad("list learning_rate with a str", lamb(learning_rate=[0.1, "x"]), TypeError, "learning_rate", "'x'"),
+        Bad("Tensor learning_rate with nan", lamb(learning_rate=Tensor(np.array([0.1, np.nan], np.float32))),
+            ValueError, "learning_rate", "nan"),
+        Bad("Tensor learning_rate negative", lamb(learning_rate=Tensor(np.float32(-0.5))), ValueError,
+            "learning_rate", "-0.5"),
+        Bad("group lr with nan", lambda ps: ms_optim.nn.Lamb([{"params": ps, "lr": [0.1, NAN]}], 0.1),
+            ValueError, "lr", "nan"),
     ]
 
 
@@ -140,6 +164,20 @@ def _lars_bad() -> List[Bad]:
         Bad("use_clip = 1", lars(use_clip=1), TypeError, "use_clip", "1"),
         Bad("use_clip = 'True'", lars(use_clip="True"), TypeError, "use_clip", "'True'"),
         Bad("lars_filter = 3", lars(lars_filter=3), TypeError, "lars_filter", "3"),
+        Bad("epsilon = nan", lars(epsilon=NAN), ValueError, "epsilon", "nan"),
+        Bad("epsilon = inf", lars(epsilon=INF), ValueError, "epsilon", "inf"),
+        Bad("epsilon < 0", lars(epsilon=-1e-5), ValueError, "epsilon", "-1e-05"),
+        Bad("coefficient = nan", lars(coefficient=NAN), ValueError, "coefficient", "nan"),
+        Bad("coefficient = inf", lars(coefficient=INF), ValueError, "coefficient", "inf"),
+        Bad("coefficient < 0", lars(coefficient=-0.001), ValueError, "coefficient", "-0.001"),
+        # MindSpore's Momentum accepts these lists; LARS refuses them before the first step
+        Bad("inner learning_rate = []", lambda ps: ms_optim.nn.LARS(nn.Momentum(ps, [], 0.9)), ValueError,
+            "learning_rate", "[]"),
+        Bad("inner learning_rate list with nan", lambda ps: ms_optim.nn.LARS(nn.Momentum(ps, [0.1, NAN], 0.9)),
+            ValueError, "learning_rate", "nan"),
+        Bad("inner learning_rate Tensor with a negative",
+            lambda ps: ms_optim.nn.LARS(nn.Momentum(ps, Tensor(np.array([0.1, -0.2], np.float32)), 0.9)),
+            ValueError, "learning_rate", "-0.2"),
     ]
 
 
@@ -169,6 +207,17 @@ def _asgd_bad() -> List[Bad]:
             TypeError, "params", "Parameter"),
         Bad("learning_rate is an object", asgd(learning_rate=object()), TypeError, "learning_rate", "object"),
         Bad("negative learning_rate", asgd(learning_rate=-1), ValueError, "learning_rate", "-1"),
+        Bad("lambd = nan", asgd(lambd=NAN), ValueError, "lambd", "nan"),
+        Bad("lambd = inf", asgd(lambd=INF), ValueError, "lambd", "inf"),
+        Bad("alpha = nan", asgd(alpha=NAN), ValueError, "alpha", "nan"),
+        Bad("alpha = inf", asgd(alpha=INF), ValueError, "alpha", "inf"),
+        Bad("t0 = nan", asgd(t0=NAN), ValueError, "t0", "nan"),
+        Bad("t0 = -inf", asgd(t0=-INF), ValueError, "t0", "-inf"),
+        Bad("learning_rate = nan", asgd(learning_rate=NAN), ValueError, "learning_rate", "nan"),
+        Bad("weight_decay = nan", asgd(weight_decay=NAN), ValueError, "weight_decay", "nan"),
+        Bad("list learning_rate with inf", asgd(learning_rate=[0.1, INF]), ValueError, "learning_rate", "inf"),
+        Bad("Tensor learning_rate with a negative", asgd(learning_rate=Tensor(np.array([0.1, -1.0], np.float32))),
+            ValueError, "learning_rate", "-1.0"),
     ]
 
 
@@ -179,7 +228,8 @@ OPTIMIZERS: List[OptimInfo] = [
                    ("weight_decay", 0.0)],
         make=_make_lamb,
         good=[{}, {"beta1": 0.5, "beta2": 0.9, "eps": 1e-8}, {"learning_rate": 1}, {"weight_decay": 0},
-              {"learning_rate": Tensor(0.1)}, {"learning_rate": [0.1, 0.05]}, {"weight_decay": nn.Dense(1, 1)}],
+              {"learning_rate": Tensor(0.1)}, {"learning_rate": [0.1, 0.05]}, {"weight_decay": nn.Dense(1, 1)},
+              {"learning_rate": (x / 10 for x in range(1, 4))}],  # a generator, read once
         bad=_lamb_bad(), state_prefixes=("lamb_m.", "lamb_v."),
         hyper={"beta1": 0.8, "beta2": 0.99, "eps": 1e-6}, reference=_ref_lamb),
     OptimInfo(
@@ -188,7 +238,7 @@ OPTIMIZERS: List[OptimInfo] = [
                    ("lars_filter", _lars_filter_default)],
         make=_make_lars,
         good=[{}, {"epsilon": 0.0, "coefficient": 0.01}, {"use_clip": True}, {"lars_filter": lambda p: True},
-              {"learning_rate": [0.1, 0.05]}, {"momentum": 0.0}],
+              {"learning_rate": [0.1, 0.05]}, {"momentum": 0.0}, {"coefficient": 0.0}],
         bad=_lars_bad(), state_prefixes=("moments.",),
         hyper={"momentum": 0.9, "coefficient": 0.02, "epsilon": 1e-5}, reference=_ref_lars,
         centralization=False),  # the wrapped nn.Momentum centralizes with a primitive CPU lacks
@@ -198,7 +248,7 @@ OPTIMIZERS: List[OptimInfo] = [
                    ("weight_decay", 0.0)],
         make=_make_asgd,
         good=[{}, {"lambd": 0.0, "alpha": 0.0, "t0": -1.0}, {"learning_rate": 0}, {"weight_decay": 1},
-              {"learning_rate": Tensor([0.1, 0.2])}],
+              {"learning_rate": Tensor([0.1, 0.2])}, {"t0": INF}],  # t0 = inf: never average
         bad=_asgd_bad(), state_prefixes=("ax_.", "mu_", "eta_"),
         hyper={"lambd": 0.05, "alpha": 0.75, "t0": 2.0}, reference=_ref_asgd),
 ]
@@ -218,13 +268,3 @@ def mindspore_signature(cls: type) -> List[Tuple[str, Any]]:
             return [(p.name, p.default) for p in list(inspect.signature(fn).parameters.values())[1:]]
         todo += [c.cell_contents for c in (fn.__closure__ or ()) if inspect.isfunction(c.cell_contents)]
     raise LookupError(f"no wrapped __init__ found for {cls.__name__}")
-
-
-def warm_up_scalar_conversion() -> None:
-    """MindSpore 2.10 with NumPy 2 here: the first Tensor op with a Python-number argument in a process
-    raises SystemError once (an extension built for NumPy 1.x fails its lazy NumPy import); every later
-    call works. Trigger it once so that no test depends on running second."""
-    try:
-        _ = Tensor(np.ones(1, np.float32)) * 1.0
-    except SystemError:
-        pass

@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 from mindspore import Parameter, Tensor, nn, ops
 from mindspore.nn.learning_rate_schedule import LearningRateSchedule
+from reference.asgd_ref import ASGDReference
 
 from ms_optim.nn import ASGD
-from reference.asgd_ref import ASGDReference
 
 RTOL = 1e-4
 # float32 keeps ~1e-7 absolute rounding on elements the update carries near 0 from |w| ~ 1;
@@ -175,8 +175,9 @@ def test_float16_parameters_agree_with_mindspore(rng):
 def test_inside_lars_matches_reference(mode, rng):
     """LARS(ASGD): LARS hands c*(g + wd*w) to ASGD, which then adds no decay of its own; the biases
     (rejected by LARS's default filter) get g unchanged. The wrapped ASGD keeps its own settings."""
-    from ms_optim.nn import LARS
     from reference.lars_ref import LarsReference
+
+    from ms_optim.nn import LARS
 
     spec = [("dense.weight", (5, 6)), ("dense.bias", (5,)), ("norm.gamma", (6,))]
     params, arrays = _params(rng, spec)
@@ -190,3 +191,21 @@ def test_inside_lars_matches_reference(mode, rng):
         ref.step(grads, [0.1] * 3, [0.01, 0.01, 0.0])  # ASGD's own decay filter: no decay on 'gamma'
         _check(inner, ref.inner, step + 1)
     assert inner.exec_weight_decay and inner.decay_flags == (True, True, False)
+
+
+def test_arguments_are_checked_once(monkeypatch):
+    """ASGD's arguments go through ms_optim's checks once (the base class runs them, in signature order)."""
+    from ms_optim import _validation
+
+    calls = []
+    original = _validation.check_non_negative
+
+    def counting(name, value, cls_name=None):
+        calls.append(name)
+        return original(name, value, cls_name)
+
+    monkeypatch.setattr(_validation, "check_non_negative", counting)
+    params = [Parameter(Tensor(np.ones(3, np.float32)), name="w")]
+    ASGD(params, learning_rate=0.1, weight_decay=0.01)
+    assert sorted(calls) == ["alpha", "lambd", "learning_rate", "weight_decay"], calls
+    assert not hasattr(ASGD, "_eta_next")

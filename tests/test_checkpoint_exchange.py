@@ -9,10 +9,9 @@ continued for two steps and must agree (same state in, same numbers out).
 """
 import os
 
+import mindspore as ms
 import numpy as np
 import pytest
-
-import mindspore as ms
 from mindspore import Tensor, nn
 
 import ms_optim

@@ -16,11 +16,10 @@ optimizers' own test modules). Styles covered:
 * ``nn.thor(net, lr, Tensor(damping), momentum, weight_decay, loss_scale, batch_size,
   split_indices=[...], frequency=...)`` positionally, as the ResNet trainer calls it.
 """
-import numpy as np
-import pytest
-
 import mindspore as ms
 import mindspore.dataset as ds
+import numpy as np
+import pytest
 from mindspore import Tensor, ops
 from mindspore import nn as ms_nn
 from mindspore.train import Metric, Model
@@ -101,7 +100,7 @@ def _assert_trained(net, before):
 def _train_thor_model(make_model, net, steps=4, sink=True, image=False, epochs=1):
     before = _params(net)
     model = make_model()
-    assert type(model).__module__ == "ms_optim.thor.model"
+    assert type(model).__module__ == "ms_optim._thor.model"
     model.train(epochs, _dataset(steps, image=image), dataset_sink_mode=sink, sink_size=steps if sink else -1)
     _assert_trained(net, before)
     return model

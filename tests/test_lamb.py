@@ -5,14 +5,15 @@ import shutil
 import mindspore as ms
 import numpy as np
 import pytest
+from _fused_paths import ATOL_W, RTOL
+from _fused_paths import expect_path as _expect_path
+from _fused_paths import make_params as _params
 from mindspore import Tensor, nn, ops
+from reference.lamb_ref import LambReference, centralize
 
+from ms_optim.nn import Lamb
 from ms_optim.optim import _fused
 from ms_optim.optim._trust_ratio import l2_norm, trust_ratio
-from ms_optim.nn import Lamb
-from _fused_paths import ATOL_W, RTOL
-from _fused_paths import expect_path as _expect_path, make_params as _params
-from reference.lamb_ref import LambReference, centralize
 
 
 def test_fused_kernels_build_where_gxx_exists():
@@ -133,3 +134,48 @@ def test_invalid_arguments(kwargs, exc, words):
         Lamb(**args)
     for word in words + ["Lamb"]:
         assert word in str(info.value)
+
+
+def _spike_run(loss_scaled, path_name):
+    """Two normal steps, one batch whose gradient is finite but above 1e19, three normal steps."""
+    from ms_optim.loss_scale import TrainOneStepWithLossScaleCell
+
+    ms.set_seed(5)
+    net = nn.Dense(4, 2)
+    opt = Lamb(net.trainable_params(), learning_rate=0.01)
+    _expect_path(opt, path_name)
+    with_loss = nn.WithLossCell(net, nn.MSELoss())
+    if loss_scaled:
+        manager = ms.amp.DynamicLossScaleManager(init_loss_scale=2.0 ** 24, scale_factor=2, scale_window=1000)
+        cell = TrainOneStepWithLossScaleCell(with_loss, opt, scale_sense=manager.get_update_cell())
+    else:
+        cell = nn.TrainOneStepCell(with_loss, opt)
+    cell.set_train()
+    data = np.random.default_rng(3)
+    x = data.standard_normal((8, 4)).astype(np.float32)
+    y = data.standard_normal((8, 2)).astype(np.float32)
+    spike = x.copy()
+    spike[0, 0] = 1e17  # weight gradient ~1e33: finite, its square is not
+    outputs = []
+    for batch in (x, x, spike, x, x, x):
+        out = cell(Tensor(batch), Tensor(y))
+        # read now: the loss-scale cell returns its scale Parameter itself
+        outputs.append([float(t.asnumpy().reshape(-1)[0]) for t in out] if loss_scaled else out)
+    return net, opt, outputs
+
+
+def test_huge_finite_gradient_makes_v_inf_unless_a_loss_scale_cell_skips_it(mode, path):
+    """Documented in Lamb's docstring: one finite gradient above ~1e19 overflows g*g, so lamb_v is inf for
+    good (as in MindSpore); ms_optim's TrainOneStepWithLossScaleCell with a dynamic manager keeps the run
+    finite: the scaled gradient overflows, the step is skipped and the scale lowered."""
+    _, opt, _ = _spike_run(False, path)
+    assert not np.isfinite(opt.moments2[0].asnumpy()).all()  # still inf three steps later
+
+    net, opt, outputs = _spike_run(True, path)
+    overflow = [bool(o[1]) for o in outputs]
+    scales = [o[2] for o in outputs]
+    assert overflow == [False, False, True, False, False, False], overflow
+    assert scales[2] == scales[1] / 2
+    assert int(opt.global_step.asnumpy().reshape(-1)[0]) == 5  # the spike step was skipped
+    for tensor in (*net.trainable_params(), *opt.moments1, *opt.moments2):
+        assert np.isfinite(tensor.asnumpy()).all(), tensor.name

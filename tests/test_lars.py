@@ -5,15 +5,16 @@ import inspect
 import mindspore as ms
 import numpy as np
 import pytest
+from _fused_paths import ATOL_W, RTOL
+from _fused_paths import expect_path as _expect_path
+from _fused_paths import make_params as _params
 from mindspore import Parameter, Tensor, nn, ops
 from mindspore.nn.learning_rate_schedule import LearningRateSchedule
+from reference.lamb_ref import LambReference
+from reference.lars_ref import LarsReference, MomentumReference, SGDReference, lars_gradient
 
 from ms_optim.nn import ASGD, LARS, Lamb
 from ms_optim.optim.lars import default_lars_filter
-from _fused_paths import ATOL_W, RTOL
-from _fused_paths import expect_path as _expect_path, make_params as _params
-from reference.lamb_ref import LambReference
-from reference.lars_ref import LarsReference, MomentumReference, SGDReference, lars_gradient
 
 
 def _check(params, expected, step):

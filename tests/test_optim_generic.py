@@ -18,12 +18,10 @@ import numpy as np
 import pytest
 from mindspore import Parameter, Tensor, nn, ops
 from mindspore.nn.learning_rate_schedule import LearningRateSchedule
+from optim_table import EMPTY, OPTIMIZERS, mindspore_signature
 
 from ms_optim.loss_scale import TrainOneStepWithLossScaleCell  # MindSpore's needs an Ascend-only op on CPU
-
-from optim_table import EMPTY, OPTIMIZERS, mindspore_signature, warm_up_scalar_conversion
-
-warm_up_scalar_conversion()
+from ms_optim.optim._base import check_schedule_length
 
 RTOL = 1e-4
 ATOL = 1e-6  # float32 rounding of elements the update carries near 0 from |w| ~ 1
@@ -46,6 +44,19 @@ def test_bad_arguments_are_refused_clearly(info, bad):
     message = str(caught.value)
     assert f"'{bad.name}'" in message, message
     assert bad.shows in message, message
+
+
+@pytest.mark.parametrize("bounds", [dict(low=0.0), dict(low=0.0, low_inclusive=False), dict(high=1.0),
+                                    dict(high=1.0, high_inclusive=False), dict(low=0.0, high=1.0),
+                                    dict(low=0.0, high=1.0, low_inclusive=False, high_inclusive=False)])
+def test_check_range_refuses_nan_for_every_bound_form(bounds):
+    from ms_optim import _validation as V
+
+    with pytest.raises(ValueError, match=r"'x'.*but got nan"):
+        V.check_range("x", float("nan"), cls_name="C", **bounds)
+    assert V.check_range("x", 0.5, cls_name="C", **bounds) == 0.5
+    with pytest.raises(ValueError, match=r"'x'.*finite.*inf"):
+        V.check_finite("x", float("inf"), "C")
 
 
 @pytest.mark.parametrize("info,kwargs", GOOD, ids=[f"{i.name}-{sorted(k)}" for i, k in GOOD])
@@ -187,6 +198,25 @@ def test_learning_rate_list_shorter_than_training_is_a_clear_error(info, mode, r
     with pytest.raises(ValueError, match=r"'learning_rate'.*2 values.*step 3"):
         opt(grads)
     _assert_states_equal(before, _state(opt), "failed step")
+
+
+class _ScheduleUser(nn.Cell):
+    """A Cell running the shared check as THOR's step does (step of shape (1,), argument 'damping')."""
+
+    def __init__(self):
+        super().__init__()
+        self.size_tensor = Tensor(2, ms.int32)
+
+    def construct(self, step):
+        return check_schedule_length("Thor", "damping", 2, self.size_tensor, step)
+
+
+def test_one_schedule_length_check_and_message_for_every_owner(mode):
+    cell = _ScheduleUser()
+    assert int(cell(Tensor([1], ms.int32)).asnumpy()[0]) == 1
+    with pytest.raises(ValueError, match=r"For 'Thor', the argument 'damping' gives 2 values, one per step, "
+                                         r"but step 3 was requested"):
+        cell(Tensor([2], ms.int32))
 
 
 # ---- inside MindSpore's training machinery ----------------------------------------------------------

@@ -12,10 +12,9 @@ import subprocess
 import sys
 import textwrap
 
-import pytest
-
 import mindspore as ms
 import mindspore.nn as ms_nn
+import pytest
 
 import ms_optim
 from ms_optim import _patch, run
@@ -55,11 +54,11 @@ def test_use_replaces_every_public_path_and_undo_restores_exactly(capsys):
         assert _patch.is_active()
         for name in ("thor", "Lamb", "LARS", "ASGD", "DenseThor", "Conv2dThor", "EmbeddingThor"):
             assert getattr(ms_nn, name) is _ours(name), name
+        import mindspore.train.train_thor.convert_utils as convert_utils
+        import mindspore.train.train_thor.model_thor as model_thor
         from mindspore.nn import Lamb, thor  # noqa: F401  (the `from` form reads the patched module)
         from mindspore.nn.optim import LARS
         from mindspore.train.train_thor import ConvertModelUtils, ConvertNetUtils, ModelThor
-        import mindspore.train.train_thor.convert_utils as convert_utils
-        import mindspore.train.train_thor.model_thor as model_thor
 
         assert (thor, Lamb, LARS) == (_ours("thor"), _ours("Lamb"), _ours("LARS"))
         assert (ConvertModelUtils, ConvertNetUtils, ModelThor) == tuple(
@@ -101,6 +100,35 @@ def test_use_function_form_and_undo_use():
     assert not _patch.is_active()
 
 
+def test_stale_handle_undo_does_not_end_a_newer_activation():
+    old = ms_optim.use(verbose=False)
+    assert ms_optim.undo_use() is True  # ends the activation `old` belongs to
+    new = ms_optim.use(verbose=False)
+    try:
+        old.undo()  # stale: must not touch the newer activation
+        assert _patch.is_active()
+        assert ms_nn.Lamb is _ours("Lamb")
+    finally:
+        new.undo()
+    assert not _patch.is_active()
+    assert ms_nn.Lamb.__module__ == "mindspore.nn.optim.lamb"
+
+
+def test_use_replaces_the_names_of_the_facade_tables(monkeypatch):
+    """The replaced names come from ms_optim.nn / ms_optim.train_thor ``_EXPORTS``, not from a second list."""
+    from ms_optim import nn as facade
+
+    original_asgd = ms_nn.ASGD
+    original_cell = ms_nn.TrainOneStepWithLossScaleCell
+    monkeypatch.delitem(facade._EXPORTS, "ASGD")
+    with ms_optim.use(verbose=False):
+        assert ms_nn.Lamb is _ours("Lamb")
+        assert ms_nn.ASGD is original_asgd  # no longer in the table: not replaced
+        # exported by the facade, but a subclass of MindSpore's cell: extended, not replaced
+        assert ms_nn.TrainOneStepWithLossScaleCell is original_cell
+    assert ms_nn.Lamb.__module__ == "mindspore.nn.optim.lamb"
+
+
 def test_use_reaches_modules_imported_later():
     """A mindspore.* module first imported under use() is patched, and restored by undo."""
     code = textwrap.dedent("""
@@ -133,7 +161,7 @@ def test_run_main_argv_name_exit_code_and_restore(tmp_path, capsys):
     argv_before, path_before = sys.argv[:], sys.path[:]
     assert run.main([str(script), "--flag", "7"]) == 7
     out = capsys.readouterr().out
-    assert f"PROBE __main__ ['{script}', '--flag', '7'] {tmp_path} ms_optim.thor.optimizer" in out
+    assert f"PROBE __main__ ['{script}', '--flag', '7'] {tmp_path} ms_optim._thor.factory" in out
     assert sys.argv == argv_before and sys.path == path_before
     assert not _patch.is_active() and ms_nn.thor.__module__ == "mindspore.nn.optim.thor"
 
@@ -142,6 +170,27 @@ def test_run_main_argv_name_exit_code_and_restore(tmp_path, capsys):
     assert "usage: python -m ms_optim.run" in capsys.readouterr().out
     with pytest.raises(SystemExit):
         run.main(["--bogus", str(script)])
+
+
+@pytest.mark.parametrize("target, message", [
+    ("missing_module", "No module named 'missing_module'"),
+    ("missing_package.sub", "No module named 'missing_package'"),
+    ("json", "'json' is a package and cannot be directly executed (no json.__main__)")])
+def test_python_m_run_unknown_module_is_one_line_exit_2(tmp_path, target, message):
+    """``python -m ms_optim.run -m MODULE`` with nothing to run: no runpy traceback, exit status 2 and one
+    error line (for a missing top-level name even before use(), so it is the only stderr line)."""
+    proc = subprocess.run([sys.executable, "-m", "ms_optim.run", "-m", target, "--x"], capture_output=True,
+                          text=True, env=_env(), cwd=str(tmp_path), timeout=300)
+    assert proc.returncode == 2, proc.stderr
+    assert "Traceback" not in proc.stderr
+    lines = [line for line in proc.stderr.splitlines() if line.strip()]
+    if target.startswith("missing"):
+        assert lines == [f"ms_optim.run: error: -m {target}: {message}"]
+    else:
+        assert lines[-1] == f"ms_optim.run: error: -m {target}: {message}" and len(lines) == 2, lines
+    path_before = sys.path[:]
+    assert run.main(["-m", target]) == 2  # in-process too, leaving sys.path and MindSpore's names as they were
+    assert sys.path == path_before and not _patch.is_active()
 
 
 @pytest.mark.slow
@@ -153,9 +202,9 @@ def test_python_m_ms_optim_run_trains_a_mindspore_thor_script():
     replaced = [line for line in proc.stderr.splitlines() if line.startswith("ms_optim.use():")]
     assert len(replaced) == 1, proc.stderr[-4000:]
     assert "mindspore.nn.{thor" in replaced[0] and "mindspore.{ConvertModelUtils" in replaced[0]
-    assert (f"script: name=__main__ argv=['--steps', '4', '--frequency', '2', '--exit-code', '3'] "
-            f"optimizer=ms_optim.") in proc.stdout, output[-4000:]
-    assert "model=ms_optim.thor.model.ModelThor" in proc.stdout
+    assert ("script: name=__main__ argv=['--steps', '4', '--frequency', '2', '--exit-code', '3'] "
+            "optimizer=ms_optim.") in proc.stdout, output[-4000:]
+    assert "model=ms_optim._thor.model.ModelThor" in proc.stdout
     assert "script: changed=True finite=True" in proc.stdout, output[-4000:]
 
 

@@ -1,22 +1,15 @@
 """ConvertNetUtils().convert_to_thor_net: what is replaced, what is kept, idempotence, checkpoints."""
 import os
 
-import numpy as np
-import pytest
-
 import mindspore as ms
 import mindspore.common.dtype as mstype
+import numpy as np
+import pytest
 from mindspore import Tensor, amp, nn, ops
-
-from ms_optim.thor.convert import ConvertNetUtils
-from ms_optim.thor.layers import Conv2dThor, DenseThor, EmbeddingThor, ThorLayer
-from ms_optim.thor import layers as thor_layers
 from reference import thor_factors as ref
 
-# MindSpore 2.10 with NumPy 2: the first PYNATIVE op through its NumPy bridge raises SystemError once per
-# process (plain nn.Embedding included); the THOR layers absorb it when the first one is built, but these
-# tests run plain nets first.
-thor_layers._prime_numpy_bridge()  # pylint: disable=protected-access
+from ms_optim._thor.convert import ConvertNetUtils
+from ms_optim._thor.layers import Conv2dThor, DenseThor, EmbeddingThor, ThorLayer
 
 
 class _Block(nn.Cell):
@@ -206,6 +199,7 @@ def test_bare_train_one_step_cell_collects_factors_without_set_train(mode):
     (THOR layers start in training mode); set_train(False) turns collection off."""
     from mindspore import Tensor
     from mindspore import nn as mnn
+
     from ms_optim import nn as thor_nn
 
     rng = np.random.default_rng(7)

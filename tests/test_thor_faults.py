@@ -9,15 +9,14 @@ fresh A before the optimizer reads it: the trajectory is exactly the one without
 """
 import os
 
-import numpy as np
-
 import mindspore as ms
+import numpy as np
 from mindspore import Tensor, nn, ops
-
-from ms_optim.loss_scale import TrainOneStepWithLossScaleCell  # MindSpore's needs an Ascend-only op on CPU
-from ms_optim.thor.optimizer import thor
 from reference.thor_ref import MLPRef, ThorReference
 from thor_nets import MLP
+
+from ms_optim._thor.factory import thor
+from ms_optim.loss_scale import TrainOneStepWithLossScaleCell  # MindSpore's needs an Ascend-only op on CPU
 
 RTOL = 1e-3
 ATOL = 1e-6

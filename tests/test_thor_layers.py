@@ -9,15 +9,14 @@ Flags and factors are changed from Python with ``ops.assign`` (an in-place write
 """
 import inspect
 
-import numpy as np
-import pytest
-
 import mindspore as ms
 import mindspore.common.dtype as mstype
+import numpy as np
+import pytest
 from mindspore import Tensor, amp, nn, ops
-
-from ms_optim.thor.layers import Conv2dThor, DenseThor, EmbeddingThor, ThorLayer
 from reference import thor_factors as ref
+
+from ms_optim._thor.layers import Conv2dThor, DenseThor, EmbeddingThor, ThorLayer
 
 RTOL = 1e-4
 

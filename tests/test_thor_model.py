@@ -9,15 +9,14 @@ from __future__ import annotations
 import os
 import sys
 
-import numpy as np
-import pytest
-
 import mindspore as ms
 import mindspore.dataset as ds
+import numpy as np
+import pytest
 from mindspore import Tensor, nn
-from mindspore.train import Callback, LossMonitor, Model, ModelCheckpoint, CheckpointConfig, TimeMonitor
+from mindspore.train import Callback, CheckpointConfig, LossMonitor, Model, ModelCheckpoint, TimeMonitor
 
-from ms_optim.thor.model import ConvertModelUtils, ModelThor
+from ms_optim._thor.model import ConvertModelUtils, ModelThor
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if ROOT not in sys.path:
@@ -321,7 +320,8 @@ def test_docs_example_runs_on_cpu(capsys):
     The same run without sink gives identical parameters."""
     from mindspore.train import Model as MsModel  # noqa: F401  (the docs write ms.train.Model)
 
-    from model_zoo.lenet.dataset import create_dataset as make_ds, load_digits_32
+    from model_zoo.lenet.dataset import create_dataset as make_ds
+    from model_zoo.lenet.dataset import load_digits_32
     from model_zoo.lenet.lenet import LeNet5
     from ms_optim.nn import thor
     from ms_optim.train_thor import ConvertModelUtils as DocsConvert

@@ -10,14 +10,14 @@ schedule, and the clear error past the end of the learning-rate/damping Tensors.
 """
 import numpy as np
 import pytest
-
 from mindspore import Tensor, nn, ops
-
-from ms_optim.thor import preconditioner as pc
-from ms_optim.thor.layers import ThorLayer
-from ms_optim.thor.optimizer import ThorOptimizer, thor
 from reference.thor_ref import ConvRef, EmbedRef, MLPRef, ThorReference, block_inverse
 from thor_nets import MLP  # shared with the fault tests
+
+from ms_optim._thor import preconditioner as pc
+from ms_optim._thor.factory import thor
+from ms_optim._thor.layers import ThorLayer
+from ms_optim._thor.optimizer import ThorOptimizer
 
 RTOL = 1e-3
 ATOL = 1e-6
@@ -141,7 +141,8 @@ def test_mlp_matches_reference(mode, rng, case):
         assert ref.clipped > 0
     # one step past the end of the per-step Tensors: a clear error naming the argument
     x, y = _mlp_batches(rng, 1)[0]
-    with pytest.raises(ValueError, match="learning_rate"):
+    with pytest.raises(ValueError, match=rf"For 'thor', the argument 'learning_rate' gives {steps} values, one per "
+                                         rf"step, but step {steps + 1} was requested"):
         cell(Tensor(x), Tensor(y))
 
 
@@ -243,7 +244,8 @@ def test_thor_flag_schedule_and_damping_end(mode, rng):
         for layer in opt.thor_cells:
             assert bool(layer.thor_flag.asnumpy()) == ((t + 1) % 3 == 0)
         assert int(opt.global_step.asnumpy()[0]) == t + 1
-    with pytest.raises(ValueError, match="'damping'"):
+    with pytest.raises(ValueError, match=r"For 'thor', the argument 'damping' gives 5 values, one per step, "
+                                         r"but step 6 was requested"):
         cell(Tensor(rng.standard_normal((4, 6)).astype(np.float32)), Tensor(np.zeros(4, np.int32)))
 
 

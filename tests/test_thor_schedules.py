@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 from mindspore import Tensor
 
-from ms_optim.thor.schedules import get_thor_damping, get_thor_lr
+from ms_optim._thor.schedules import get_thor_damping, get_thor_lr
 
 
 def _lr_reference(global_step, lr_init, decay, total_epochs, steps_per_epoch, decay_epochs):

@@ -2,14 +2,17 @@
 BEFORE the net is touched (a refused call leaves the net unconverted), and the exact signature."""
 import inspect
 
+import mindspore as ms
 import numpy as np
 import pytest
-
-import mindspore as ms
 from mindspore import Tensor, nn
+from thor_snapshot import assert_unchanged, snapshot
 
-from ms_optim.thor.layers import ThorLayer
-from ms_optim.thor.optimizer import thor
+from ms_optim._thor.factory import thor
+from ms_optim._thor.layers import ThorLayer
+
+NAN = float("nan")
+INF = float("inf")
 
 
 class Net(nn.Cell):
@@ -69,6 +72,25 @@ BAD = [
     (dict(frequency=True), TypeError, ["'frequency'", "True"]),
     (dict(inverse="cholesky"), ValueError, ["'inverse'", "'cholesky'"]),
     (dict(block_size=0), ValueError, ["'block_size'", "0"]),
+    # non-finite numbers (NaN slips through `x < 0` style checks) and values beyond float32/int32
+    (dict(momentum=NAN), ValueError, ["'momentum'", "nan"]),
+    (dict(momentum=INF), ValueError, ["'momentum'", "inf"]),
+    (dict(momentum=1e300), ValueError, ["'momentum'", "float32", "1e+300"]),
+    (dict(weight_decay=NAN), ValueError, ["'weight_decay'", "nan"]),
+    (dict(weight_decay=INF), ValueError, ["'weight_decay'", "inf"]),
+    (dict(loss_scale=NAN), ValueError, ["'loss_scale'", "nan"]),
+    (dict(loss_scale=INF), ValueError, ["'loss_scale'", "inf"]),
+    (dict(loss_scale=1e39), ValueError, ["'loss_scale'", "float32", "1e+39"]),
+    (dict(learning_rate=Tensor(np.array([0.1, np.inf], np.float32))), ValueError, ["'learning_rate'", "inf"]),
+    (dict(damping=Tensor(np.array([0.1, -0.5], np.float32))), ValueError, ["'damping'", "-0.5"]),
+    (dict(frequency=2**32 + 2), ValueError, ["'frequency'", "int32", "4294967298"]),
+    (dict(frequency=2**31 + 5), ValueError, ["'frequency'", "int32", "2147483653"]),
+    (dict(frequency=np.int64(2**31)), ValueError, ["'frequency'", "int32", "2147483648"]),
+    (dict(batch_size=2**31), ValueError, ["'batch_size'", "int32", "2147483648"]),
+    (dict(block_size=2**40), ValueError, ["'block_size'", "int32", "1099511627776"]),
+    (dict(split_indices=[2**31]), ValueError, ["'split_indices'", "2147483648"]),
+    (dict(kl_clip=NAN), ValueError, ["'kl_clip'", "nan"]),
+    (dict(kl_clip="1e-3"), TypeError, ["'kl_clip'", "'1e-3'"]),
 ]
 
 
@@ -80,7 +102,7 @@ def _thor_layers(net):
                                                               for o, _, _ in BAD])
 def test_bad_argument_raises_before_conversion(overrides, exc, fragments):
     net = Net()
-    before = {p.name: p.asnumpy().copy() for p in net.get_parameters()}
+    before = snapshot(net)
     with pytest.raises(exc) as info:
         thor(net, **{**GOOD, **overrides})
     message = str(info.value)
@@ -89,8 +111,7 @@ def test_bad_argument_raises_before_conversion(overrides, exc, fragments):
         assert fragment in message, (fragment, message)
     assert _thor_layers(net) == [], "a refused call must leave the net unconverted"
     assert isinstance(net.fc1, nn.Dense) and type(net.fc1) is nn.Dense
-    after = {p.name: p.asnumpy() for p in net.get_parameters()}
-    assert before.keys() == after.keys()
+    assert_unchanged(before, snapshot(net))
 
 
 def test_net_without_convertible_layer():

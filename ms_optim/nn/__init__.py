@@ -9,10 +9,10 @@ _EXPORTS = {
     "Lamb": "ms_optim.optim.lamb",
     "LARS": "ms_optim.optim.lars",
     "ASGD": "ms_optim.optim.asgd",
-    "thor": "ms_optim.thor.optimizer",
-    "DenseThor": "ms_optim.thor.layers",
-    "Conv2dThor": "ms_optim.thor.layers",
-    "EmbeddingThor": "ms_optim.thor.layers",
+    "thor": "ms_optim._thor.factory",
+    "DenseThor": "ms_optim._thor.layers",
+    "Conv2dThor": "ms_optim._thor.layers",
+    "EmbeddingThor": "ms_optim._thor.layers",
     # MindSpore's needs an Ascend-only status op on CPU; this one has the same signature and runs anywhere.
     "TrainOneStepWithLossScaleCell": "ms_optim.loss_scale",
 }

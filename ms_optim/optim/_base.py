@@ -9,7 +9,8 @@ filter, ``scale_grad`` and ``global_step``. :class:`OptimizerBase` keeps all of 
    arguments every optimizer shares: ``params`` (TypeError naming ``params``, not ``parameters``),
    ``learning_rate`` and ``weight_decay``.
 2. A learning-rate list (or 1-D Tensor) that is shorter than the number of steps trained raises
-   ``ValueError`` naming ``learning_rate`` and the step, in PYNATIVE_MODE and GRAPH_MODE, instead of
+   ``ValueError`` naming ``learning_rate`` and the step (:func:`check_schedule_length`, the one check
+   of this kind, also used by LARS and THOR), in PYNATIVE_MODE and GRAPH_MODE, instead of
    MindSpore's ``Gather`` index error. The check is a ``raise`` under a tensor condition, which
    MindSpore compiles to a runtime check in graph mode; the failing step changes nothing (no
    parameter, state or ``global_step`` update). The list keeps MindSpore's Parameter name
@@ -25,13 +26,13 @@ filter, ``scale_grad`` and ``global_step``. :class:`OptimizerBase` keeps all of 
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import Any, List, Tuple
+from typing import Any, Callable, List, Optional, Tuple
 
 import mindspore.common.dtype as mstype
 from mindspore import Parameter, Tensor, nn, ops
+from mindspore.nn.learning_rate_schedule import LearningRateSchedule
 from mindspore.ops import composite as C
 from mindspore.ops import functional as F
-from mindspore.nn.learning_rate_schedule import LearningRateSchedule
 
 from ms_optim import _validation as v
 
@@ -40,7 +41,7 @@ try:  # MindSpore's own list schedule: subclassing it keeps `Optimizer.get_lr_pa
 except ImportError:  # pragma: no cover - only if MindSpore renames its private class
     _ListScheduleBase = LearningRateSchedule
 
-__all__ = ["OptimizerBase", "check_params", "check_learning_rate", "check_weight_decay"]
+__all__ = ["OptimizerBase", "check_params", "check_learning_rate", "check_weight_decay", "check_schedule_length"]
 
 
 def check_params(params: Any, cls_name: str, name: str = "params") -> List[Any]:
@@ -82,9 +83,12 @@ def check_params(params: Any, cls_name: str, name: str = "params") -> List[Any]:
 def check_learning_rate(learning_rate: Any, cls_name: str, name: str = "learning_rate") -> Any:
     """float/int >= 0, a 0-D or 1-D Tensor, a non-string iterable of numbers, or a LearningRateSchedule.
 
+    Every number given (the value, the Tensor's or the list's elements) must be finite and >= 0.
+    Returns ``learning_rate``, as a list when it was another kind of iterable (a generator is read once).
+
     Raises:
-        TypeError: any other type (bool included).
-        ValueError: a negative number, or a Tensor with more than one dimension.
+        TypeError: any other type (bool included), or a list element that is not a number.
+        ValueError: a negative, NaN or infinite number, an empty list, or a Tensor with more than one dimension.
     """
     if isinstance(learning_rate, LearningRateSchedule):
         return learning_rate
@@ -92,14 +96,46 @@ def check_learning_rate(learning_rate: Any, cls_name: str, name: str = "learning
         if learning_rate.ndim > 1:
             raise ValueError(f"For '{cls_name}', the argument '{name}' must be a Tensor with ndim 0 or 1, "
                              f"but got shape {tuple(learning_rate.shape)}.")
-        return learning_rate
+        if learning_rate.ndim == 1 and learning_rate.shape[0] == 0:
+            raise ValueError(f"For '{cls_name}', the argument '{name}' must not be empty, but got an empty Tensor.")
+        return v.check_values(name, learning_rate, cls_name)
     if isinstance(learning_rate, (str, bytes, dict)) or isinstance(learning_rate, bool):
         v.check_number(name, learning_rate, cls_name)  # raises TypeError with the common message
     if isinstance(learning_rate, Iterable):
-        return learning_rate
+        values = learning_rate if isinstance(learning_rate, (list, tuple)) else list(learning_rate)
+        if len(values) == 0:
+            raise ValueError(f"For '{cls_name}', the argument '{name}' must not be empty, but got {values!r}.")
+        for value in values:
+            if not v._is_real(value):  # pylint: disable=protected-access
+                raise TypeError(f"For '{cls_name}', every element of the argument '{name}' must be an int or a "
+                                f"float, but got {v.describe(value)}.")
+        v.check_values(name, values, cls_name)
+        return values
     v.check_number(name, learning_rate, cls_name)
     v.check_non_negative(name, learning_rate, cls_name)
+    v.check_finite(name, learning_rate, cls_name)
     return learning_rate
+
+
+def check_schedule_length(owner: str, name: str, size: int, size_tensor: Tensor, step: Tensor,
+                          where: str = "") -> Tensor:
+    """Refuse to run step ``step + 1`` from a per-step list of ``size`` values (the one check of its kind).
+
+    Usable eagerly and inside ``construct``/``jit`` (graph mode compiles the ``raise`` under a tensor
+    condition into a runtime check). ``owner``: the class named in the message (``type(self).__name__``);
+    ``name``: the argument holding the list (``learning_rate``, ``damping``); ``size``/``size_tensor``:
+    its length as an int and as an int32 Tensor; ``step``: the 0-based index of the step about to run
+    (shape () or (1,)); ``where``: words after the argument name, e.g. ``" of the wrapped optimizer"``.
+
+    Returns ``step`` (for ``ops.depend`` ordering). Raises ValueError: ``For '<owner>', the argument
+    '<name>'<where> gives <size> values, one per step, but step <step + 1> was requested: ...``.
+    """
+    index = ops.reshape(step, ())
+    if index >= size_tensor:
+        raise ValueError(f"For '{owner}', the argument '{name}'{where} gives {size} values, one per step, but step "
+                         f"{index + 1} was requested: give at least as many values as steps trained, or use a "
+                         f"schedule.")
+    return step
 
 
 def check_weight_decay(weight_decay: Any, cls_name: str, name: str = "weight_decay") -> Any:
@@ -107,7 +143,7 @@ def check_weight_decay(weight_decay: Any, cls_name: str, name: str = "weight_dec
 
     Raises:
         TypeError: any other type (bool included).
-        ValueError: a negative number.
+        ValueError: a negative, NaN or infinite number.
     """
     if isinstance(weight_decay, nn.Cell):
         return weight_decay
@@ -115,7 +151,9 @@ def check_weight_decay(weight_decay: Any, cls_name: str, name: str = "weight_dec
         raise TypeError(f"For '{cls_name}', the argument '{name}' must be an int, a float or a Cell, "
                         f"but got {v.describe(weight_decay)}.")
     v.check_non_negative(name, weight_decay, cls_name)
-    return weight_decay
+    v.check_finite(name, weight_decay, cls_name)
+    # a NumPy scalar becomes the Python number mindspore.nn.Optimizer requires (it refuses np.float32)
+    return weight_decay if type(weight_decay) in (int, float) else float(weight_decay)
 
 
 _centralize = C.MultitypeFuncGraph("ms_optim_base_centralize")
@@ -129,6 +167,25 @@ def _centralize_tensor(flag: bool, gradient: Tensor) -> Tensor:
     if flag and rank > 1 and F.shape(gradient)[1] % 16 == 0:
         return gradient - _mean_keep_dims(gradient, tuple(range(1, rank)))
     return gradient
+
+
+_param_decay = C.MultitypeFuncGraph("ms_optim_base_param_decay")
+
+
+@_param_decay.register("Tensor", "Tensor", "Bool", "Number")
+def _param_decay_number(zero: Tensor, scale: Tensor, flag: bool, weight_decay: float) -> Tensor:
+    """A group's fixed weight decay times ``scale`` (0-D float32), or ``zero`` when ``flag`` is False."""
+    if flag:
+        return F.scalar_to_tensor(weight_decay, mstype.float32) * scale
+    return zero
+
+
+@_param_decay.register("Tensor", "Tensor", "Bool", "Tensor")
+def _param_decay_tensor(zero: Tensor, scale: Tensor, flag: bool, weight_decay: Tensor) -> Tensor:
+    """A weight-decay Cell's output (any shape holding one value) times ``scale``, or ``zero``."""
+    if flag:
+        return F.reshape(F.cast(weight_decay, mstype.float32), ()) * scale
+    return zero
 
 
 class _CheckedListLearningRate(_ListScheduleBase):
@@ -148,12 +205,8 @@ class _CheckedListLearningRate(_ListScheduleBase):
         self.owner = cls_name
 
     def construct(self, global_step: Tensor) -> Tensor:
-        index = ops.reshape(global_step, ())
-        if index >= self.size_tensor:
-            raise ValueError(f"For '{self.owner}', the argument 'learning_rate' gives {self.size} values, one per "
-                             f"step, but step {index + 1} was requested: give at least as many learning rates as "
-                             f"steps trained, or use a LearningRateSchedule.")
-        return ops.gather(self.learning_rate, index, 0)
+        index = check_schedule_length(self.owner, "learning_rate", self.size, self.size_tensor, global_step)
+        return ops.gather(self.learning_rate, ops.reshape(index, ()), 0)
 
 
 class OptimizerBase(nn.Optimizer):
@@ -161,23 +214,29 @@ class OptimizerBase(nn.Optimizer):
 
     Subclasses call ``super().__init__(learning_rate, params, weight_decay)`` exactly as they would
     call ``mindspore.nn.Optimizer``; argument errors then name ``params``, ``learning_rate`` and
-    ``weight_decay`` as the public signatures spell them.
+    ``weight_decay`` as the public signatures spell them. ``check_hyper(cls_name)``, if given, checks
+    the subclass's own arguments between ``learning_rate`` and ``weight_decay`` (signature order), so
+    every argument is checked once, before anything is built.
     """
 
     def __init__(self, learning_rate: Any, parameters: Any, weight_decay: Any = 0.0, loss_scale: float = 1.0,
-                 params_name: str = "params") -> None:
+                 params_name: str = "params", check_hyper: Optional[Callable[[str], None]] = None) -> None:
         cls_name = type(self).__name__
         parameters = check_params(parameters, cls_name, params_name)
-        check_learning_rate(learning_rate, cls_name)
-        check_weight_decay(weight_decay, cls_name)
-        for group in parameters:
+        learning_rate = check_learning_rate(learning_rate, cls_name)
+        if check_hyper is not None:  # the subclass's own arguments, in signature order before weight_decay
+            check_hyper(cls_name)
+        weight_decay = check_weight_decay(weight_decay, cls_name)
+        for index, group in enumerate(parameters):
             if isinstance(group, dict):
                 if "lr" in group:
-                    check_learning_rate(group["lr"], cls_name, name="lr")
+                    parameters[index] = group = {**group, "lr": check_learning_rate(group["lr"], cls_name, name="lr")}
                 if "weight_decay" in group:
-                    check_weight_decay(group["weight_decay"], cls_name)
+                    parameters[index] = group = {**group,
+                                                 "weight_decay": check_weight_decay(group["weight_decay"], cls_name)}
         super().__init__(learning_rate, parameters, weight_decay, loss_scale)
         self._zero_decay = Tensor(0.0, mstype.float32)
+        self._unit_scale = Tensor(1.0, mstype.float32)
 
     # Called by mindspore.nn.Optimizer for the optimizer's and every group's learning rate.
     def _build_single_lr(self, learning_rate: Any, name: str) -> Any:
@@ -206,14 +265,9 @@ class OptimizerBase(nn.Optimizer):
         already divided out).
         """
         decay = self.get_weight_decay()
-        out = ()
-        for index in range(self.param_length):
-            wd = decay[index] if self.is_group else decay
-            if self.dynamic_weight_decay:
-                wd = F.reshape(wd, ())  # a user's Cell may return shape (1,), like global_step
-            if not self.decay_flags[index]:
-                wd = self._zero_decay
-            elif self.need_scale:
-                wd = wd * self.reciprocal_scale
-            out = out + (wd,)
-        return out
+        if not self.is_group:
+            decay = (decay,) * self.param_length
+        scale = self.reciprocal_scale if self.need_scale else self._unit_scale
+        # one mapped call, not a Python loop: graph mode unrolls a loop with branches into nested
+        # calls, which passed MindSpore's call-depth limit (1000) for nets of a few hundred tensors
+        return self.map_(F.partial(_param_decay, self._zero_decay, scale), self.decay_flags, decay)

@@ -13,228 +13,205 @@ two kernels here do the same arithmetic in the fewest passes the math allows:
   ``accum = momentum*accum + c*(g + wd*w)`` and the momentum step, Nesterov as MindSpore's CPU
   ``ApplyMomentum`` runs it (7 passes).
 
-Both are ``ops.Custom`` operators of type ``"aot"``: C++ compiled with the machine's ``g++`` at
-first use into a cache directory (``$MS_OPTIM_CACHE_DIR``, default ``~/.cache/ms_optim``), keyed
-by a hash of the source and flags, so later processes load it without compiling. They update
+Both are ``ops.Custom`` operators of type ``"aot"``: C++ in ``_fused.cc`` (package data, next to
+this module), compiled with the machine's ``g++`` at first use into a cache directory (see
+:func:`library_path` for its safety rules), keyed by a hash of the source and flags, so later
+processes load it without compiling. They update
 ``w``/``m``/``v``/``accum`` in place (declared as written inputs, like ``Assign``), and return the
 trust ratio they used. Norms are accumulated in double precision.
 
-They are used only where they apply: CPU device, float32 parameters, and ``MS_OPTIM_FUSED`` not
-set to ``0``. Everywhere else, and whenever the compiler is missing or fails, the optimizers run
+They are used only where they apply: float32 parameters and :func:`fused_switch_on` (CPU device,
+``MS_OPTIM_FUSED`` not ``0``; ASGD's fused MindSpore primitive obeys the same switch). Everywhere
+else, and whenever the compiler is missing or fails (one :class:`FusedKernelWarning`), the optimizers run
 their composite ``mindspore.ops`` version, which is also the reference the tests compare the
 fused kernels with (both against the NumPy oracle).
 """
 from __future__ import annotations
 
+import atexit
+import contextlib
 import hashlib
 import os
 import shutil
+import stat
 import subprocess
 import tempfile
 import threading
-from typing import Optional
+import warnings
+from typing import List, Optional
 
 import mindspore as ms
 from mindspore import ops
 from mindspore.ops import signature as sig
 
-__all__ = ["fused_enabled", "library_path", "lamb_op", "lars_momentum_op"]
+__all__ = ["fused_switch_on", "fused_enabled", "library_path", "lamb_op", "lars_momentum_op", "FusedKernelWarning",
+           "SOURCE_FILE"]
 
-_SOURCE = r"""
-#include <cmath>
-#include <cstdint>
-
-namespace {
-
-int64_t NumElements(int index, int *ndims, int64_t **shapes) {
-  int64_t n = 1;
-  for (int d = 0; d < ndims[index]; ++d) n *= shapes[index][d];
-  return n;
-}
-
-// Sum of squares in blocks of float partial sums (vectorisable) added into a double.
-template <typename F>
-double BlockedSquareSum(int64_t n, F value) {
-  const int64_t kBlock = 2048;
-  double total = 0.0;
-  for (int64_t start = 0; start < n; start += kBlock) {
-    const int64_t end = start + kBlock < n ? start + kBlock : n;
-    float partial = 0.0f;
-    for (int64_t i = start; i < end; ++i) {
-      const float x = value(i);
-      partial += x * x;
-    }
-    total += partial;
-  }
-  return total;
-}
-
-}  // namespace
-
-// inputs: w, m, v, g (float32, same size), lr, wd (1 float each), hyper[5] = beta1, beta2, eps,
-// 1 - beta1^t, 1 - beta2^t; output: ratio[1]. Updates w, m, v in place.
-#define MS_OPTIM_CLONES __attribute__((target_clones("avx2", "default")))
-
-extern "C" MS_OPTIM_CLONES int MsOptimLambStep(int nparam, void **params, int *ndims, int64_t **shapes, const char **dtypes,
-                               void *stream, void *extra) {
-  if (nparam != 8) return 1;
-  float *w = static_cast<float *>(params[0]);
-  float *m = static_cast<float *>(params[1]);
-  float *v = static_cast<float *>(params[2]);
-  const float *g = static_cast<const float *>(params[3]);
-  const float lr = *static_cast<const float *>(params[4]);
-  const float wd = *static_cast<const float *>(params[5]);
-  const float *h = static_cast<const float *>(params[6]);
-  float *out = static_cast<float *>(params[7]);
-  const float b1 = h[0], b2 = h[1], eps = h[2], bias1 = h[3], bias2 = h[4];
-  const float c1 = 1.0f - b1, c2 = 1.0f - b2;
-  // m_hat / (sqrt(v_hat) + eps) with one division and one square root per element
-  const float inv_bias1 = 1.0f / bias1, inv_sqrt_bias2 = 1.0f / std::sqrt(bias2);
-  const int64_t n = NumElements(0, ndims, shapes);
-  const int64_t kBlock = 2048;
-  double w_sq = 0.0, r_sq = 0.0;
-  for (int64_t start = 0; start < n; start += kBlock) {
-    const int64_t end = start + kBlock < n ? start + kBlock : n;
-    float pw = 0.0f, pr = 0.0f;
-    for (int64_t i = start; i < end; ++i) {
-      const float gi = g[i];
-      const float mi = b1 * m[i] + c1 * gi;
-      const float vi = b2 * v[i] + c2 * (gi * gi);
-      m[i] = mi;
-      v[i] = vi;
-      const float wi = w[i];
-      const float ri = (mi * inv_bias1) / (std::sqrt(vi) * inv_sqrt_bias2 + eps) + wd * wi;
-      pw += wi * wi;
-      pr += ri * ri;
-    }
-    w_sq += pw;
-    r_sq += pr;
-  }
-  float ratio = 1.0f;
-  if (w_sq > 0.0 && r_sq > 0.0) ratio = static_cast<float>(std::sqrt(w_sq) / std::sqrt(r_sq));
-  const float step = lr * ratio;
-  for (int64_t i = 0; i < n; ++i) {
-    const float wi = w[i];
-    const float ri = (m[i] * inv_bias1) / (std::sqrt(v[i]) * inv_sqrt_bias2 + eps) + wd * wi;
-    w[i] = wi - step * ri;
-  }
-  out[0] = ratio;
-  return 0;
-}
-
-// inputs: w, accum, g (float32, same size), lr, wd, momentum (1 float each), hyper[3] = coefficient,
-// epsilon, use_clip; output: ratio[1]. Updates w, accum in place.
-static MS_OPTIM_CLONES int LarsMomentum(int nparam, void **params, int *ndims, int64_t **shapes, bool nesterov) {
-  if (nparam != 8) return 1;
-  float *w = static_cast<float *>(params[0]);
-  float *a = static_cast<float *>(params[1]);
-  const float *g = static_cast<const float *>(params[2]);
-  const float lr = *static_cast<const float *>(params[3]);
-  const float wd = *static_cast<const float *>(params[4]);
-  const float mom = *static_cast<const float *>(params[5]);
-  const float *h = static_cast<const float *>(params[6]);
-  float *out = static_cast<float *>(params[7]);
-  const int64_t n = NumElements(0, ndims, shapes);
-  const double w_sq = BlockedSquareSum(n, [w](int64_t i) { return w[i]; });
-  const double g_sq = BlockedSquareSum(n, [g](int64_t i) { return g[i]; });
-  float c = 1.0f;
-  if (w_sq > 0.0 && g_sq > 0.0) {
-    const float w_norm = static_cast<float>(std::sqrt(w_sq));
-    const float g_norm = static_cast<float>(std::sqrt(g_sq));
-    c = h[0] * w_norm / (g_norm + wd * w_norm + h[1]);
-  }
-  if (h[2] != 0.0f) {
-    c = c / lr;
-    if (!(c < 1.0f)) c = 1.0f;
-  }
-  if (nesterov) {
-    for (int64_t i = 0; i < n; ++i) {
-      // as MindSpore's CPU ApplyMomentum runs Nesterov (measured): the step uses the accumulation
-      // from before this update, w -= lr * (g + momentum * accum_old)
-      const float gi = c * (g[i] + wd * w[i]);
-      const float a_old = a[i];
-      a[i] = mom * a_old + gi;
-      w[i] -= lr * (gi + mom * a_old);
-    }
-  } else {
-    for (int64_t i = 0; i < n; ++i) {
-      const float gi = c * (g[i] + wd * w[i]);
-      const float ai = mom * a[i] + gi;
-      a[i] = ai;
-      w[i] -= lr * ai;
-    }
-  }
-  out[0] = c;
-  return 0;
-}
-
-extern "C" int MsOptimLarsMomentum(int nparam, void **params, int *ndims, int64_t **shapes, const char **dtypes,
-                                   void *stream, void *extra) {
-  return LarsMomentum(nparam, params, ndims, shapes, false);
-}
-
-extern "C" int MsOptimLarsMomentumNesterov(int nparam, void **params, int *ndims, int64_t **shapes,
-                                           const char **dtypes, void *stream, void *extra) {
-  return LarsMomentum(nparam, params, ndims, shapes, true);
-}
-"""
+SOURCE_FILE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_fused.cc")
 
 # Reassociation lets g++ vectorise the blocked float sums; no approximate division or sqrt.
 _FLAGS = ["-O3", "-std=c++17", "-shared", "-fPIC", "-fno-math-errno", "-fno-trapping-math",
           "-fassociative-math", "-fno-signed-zeros"]
+_LAYOUT = "2"  # bump when the cache layout changes (library + .sha256 sidecar)
+
+
+class FusedKernelWarning(RuntimeWarning):
+    """The fused kernels are not used, or the cache needed repair; the composite ops give the same numbers."""
+
 
 _lock = threading.Lock()
 _library: Optional[str] = None
 _failed: Optional[str] = None
+_private_dirs: List[str] = []
+
+
+def fused_switch_on() -> bool:
+    """The one switch for every fused path (Lamb, LARS, ASGD): the CPU target, and the environment
+    variable ``MS_OPTIM_FUSED`` not set to ``0``."""
+    return os.environ.get("MS_OPTIM_FUSED", "1") != "0" and ms.get_context("device_target") == "CPU"
+
+
+def _warn(message: str) -> None:
+    warnings.warn(message, FusedKernelWarning, stacklevel=3)
+
+
+def _fallback(reason: str) -> None:
+    """Record why the fused kernels are unavailable and say so once (one line)."""
+    global _failed  # pylint: disable=global-statement
+    if _failed is None:
+        _warn(f"ms_optim: fused CPU kernels unavailable ({reason}); using composite ops (same results, slower). "
+              f"Set MS_OPTIM_FUSED=0 to choose them and silence this warning.")
+    _failed = reason
 
 
 def _cache_dir() -> str:
     return os.environ.get("MS_OPTIM_CACHE_DIR") or os.path.join(os.path.expanduser("~"), ".cache", "ms_optim")
 
 
+def _not_private(directory: str) -> Optional[str]:
+    """Why ``directory`` must not be loaded from (not a real directory, another owner, writable by
+    group or others), or None if it is private to this user."""
+    info = os.lstat(directory)
+    if not stat.S_ISDIR(info.st_mode):
+        return "not a directory (or a symbolic link)"
+    if info.st_uid != os.getuid():
+        return f"owned by uid {info.st_uid}, not {os.getuid()}"
+    if info.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+        return f"writable by group or others (mode {stat.S_IMODE(info.st_mode):o})"
+    return None
+
+
+def _sha256(path: str) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def _damage(target: str) -> Optional[str]:
+    """Why the library at ``target`` must not be loaded (checked BEFORE loading), or None if its
+    SHA-256 matches the digest recorded next to it when it was built."""
+    try:
+        with open(target + ".sha256", encoding="ascii") as handle:
+            recorded = handle.read().strip()
+    except (OSError, UnicodeError):
+        return "no build digest next to it"
+    return None if _sha256(target) == recorded else "its SHA-256 differs from the digest recorded at build time"
+
+
+def _write_atomic(path: str, data: bytes) -> None:
+    handle, tmp = tempfile.mkstemp(dir=os.path.dirname(path), prefix=".tmp_")
+    try:
+        with os.fdopen(handle, "wb") as out:
+            out.write(data)
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+
+
+def _build(compiler: str, source: str, target: str) -> Optional[str]:
+    """Compile ``source`` into ``target`` atomically, its digest first; returns an error text or None."""
+    directory = os.path.dirname(target)
+    with tempfile.TemporaryDirectory(dir=directory) as tmp:
+        with open(os.path.join(tmp, "fused.cc"), "w", encoding="utf-8") as handle:
+            handle.write(source)
+        # run in tmp with relative names: the output does not depend on the temporary path
+        result = subprocess.run([compiler, *_FLAGS, "-o", "fused.so", "fused.cc"], cwd=tmp, capture_output=True,
+                                text=True, timeout=120, check=False)
+        if result.returncode != 0:
+            return "g++ failed: " + " ".join(result.stderr.split())[-300:]
+        built = os.path.join(tmp, "fused.so")
+        os.chmod(built, 0o700)
+        _write_atomic(target + ".sha256", (_sha256(built) + "\n").encode("ascii"))
+        os.replace(built, target)  # atomic: concurrent processes never see half a file
+    return None
+
+
+def _private_temporary_dir() -> str:
+    directory = tempfile.mkdtemp(prefix="ms_optim_fused_")  # mode 0700
+    _private_dirs.append(directory)
+    if len(_private_dirs) == 1:
+        atexit.register(lambda: [shutil.rmtree(d, ignore_errors=True) for d in _private_dirs])
+    return directory
+
+
 def library_path() -> Optional[str]:
-    """Path of the compiled kernel library, compiling it on first use; None if that is impossible
-    (no ``g++``, a compile error, an unwritable cache); the reason is then in :data:`_failed`."""
-    global _library, _failed  # pylint: disable=global-statement
+    """Path of the compiled kernel library, compiling it on first use; None if that is impossible.
+
+    The cache (``$MS_OPTIM_CACHE_DIR``, default ``~/.cache/ms_optim``) is created with mode 0700 and
+    used only if it is owned by this user and not writable by group or others; otherwise the library
+    is built in a private temporary directory, with a warning. A cached library is loaded only if its
+    SHA-256 matches the digest written next to it at build time; a damaged or foreign file is rebuilt
+    (one warning). When no library can be had (no ``g++``, a compile error, an unwritable directory),
+    one warning names the reason and the ``MS_OPTIM_FUSED`` switch, and the reason is in :data:`_failed`.
+    """
+    global _library  # pylint: disable=global-statement
     with _lock:
         if _library is not None or _failed is not None:
             return _library
         compiler = shutil.which("g++")
         if compiler is None:
-            _failed = "g++ not found"
+            _fallback("g++ not found on PATH")
             return None
-        digest = hashlib.sha256((_SOURCE + " ".join(_FLAGS)).encode()).hexdigest()[:16]
+        try:
+            with open(SOURCE_FILE, encoding="utf-8") as handle:
+                source = handle.read()
+        except OSError as error:
+            _fallback(f"cannot read {SOURCE_FILE}: {error.strerror}")
+            return None
+        key = hashlib.sha256("\0".join([_LAYOUT, source, *_FLAGS]).encode()).hexdigest()[:16]
         directory = _cache_dir()
-        target = os.path.join(directory, f"ms_optim_fused_{digest}.so")
-        if not os.path.exists(target):
-            try:
-                os.makedirs(directory, exist_ok=True)
-                with tempfile.TemporaryDirectory(dir=directory) as tmp:
-                    source = os.path.join(tmp, "fused.cc")
-                    with open(source, "w", encoding="utf-8") as handle:
-                        handle.write(_SOURCE)
-                    built = os.path.join(tmp, "fused.so")
-                    result = subprocess.run([compiler, *_FLAGS, "-o", built, source], capture_output=True,
-                                            text=True, timeout=120, check=False)
-                    if result.returncode != 0:
-                        _failed = f"g++ failed: {result.stderr[-2000:]}"
-                        return None
-                    os.replace(built, target)  # atomic: concurrent processes never see half a file
-            except (OSError, subprocess.SubprocessError) as error:
-                _failed = f"could not build the fused kernels: {error}"
-                return None
+        try:
+            os.makedirs(directory, mode=0o700, exist_ok=True)
+            unsafe = _not_private(directory)
+            if unsafe is not None:
+                _warn(f"ms_optim: kernel cache {directory} is {unsafe}; not loading from it, building in a "
+                      f"private temporary directory instead.")
+                directory = _private_temporary_dir()
+            target = os.path.join(directory, f"ms_optim_fused_{key}.so")
+            if os.path.lexists(target):
+                damage = _damage(target)
+                if damage is None:
+                    _library = target
+                    return _library
+                _warn(f"ms_optim: cached kernel library {target} not loaded ({damage}); rebuilding it.")
+            error = _build(compiler, source, target)
+        except (OSError, subprocess.SubprocessError) as exc:
+            error = f"could not build in {directory}: {exc}"
+        if error is not None:
+            _fallback(error)
+            return None
         _library = target
         return _library
 
 
 def fused_enabled() -> bool:
-    """Whether new optimizers should use the fused kernels: CPU target, ``MS_OPTIM_FUSED`` not ``0``,
-    and the kernel library available."""
-    if os.environ.get("MS_OPTIM_FUSED", "1") == "0":
-        return False
-    if ms.get_context("device_target") != "CPU":
-        return False
-    return library_path() is not None
+    """Whether new optimizers should use the fused kernels: :func:`fused_switch_on` and the kernel
+    library available."""
+    return fused_switch_on() and library_path() is not None
 
 
 def _signature(n_inputs: int, n_written: int) -> tuple:
@@ -263,14 +240,13 @@ class _LarsMomentumCustom(_InplaceCustom):
 def _make(cls, name: str) -> Optional[ops.Custom]:
     """The Custom op for kernel ``name``, or None (composite fallback) if it cannot be created, e.g.
     when ``MS_CUSTOM_AOT_WHITE_LIST`` does not include the cache directory."""
-    global _failed  # pylint: disable=global-statement
     path = library_path()
     if path is None:
         return None
     try:
         return cls(f"{path}:{name}")
     except (TypeError, ValueError, RuntimeError) as error:
-        _failed = f"could not create the fused op {name}: {error}"
+        _fallback(f"could not create the fused op {name}: {' '.join(str(error).split())[:300]}")
         return None
 
 

@@ -7,7 +7,7 @@ The update follows what MindSpore 2.x's ASGD *code* computes (its docstring diff
 """
 from __future__ import annotations
 
-import os
+import math
 from typing import List, Union
 
 import mindspore as ms
@@ -15,7 +15,8 @@ from mindspore import Parameter, ParameterTuple, Tensor, jit, nn, ops
 from mindspore.ops import functional as F
 
 from ms_optim import _validation as V
-from ms_optim.optim._base import OptimizerBase, check_learning_rate, check_params, check_weight_decay
+from ms_optim.optim import _fused
+from ms_optim.optim._base import OptimizerBase
 
 __all__ = ["ASGD"]
 
@@ -24,16 +25,7 @@ def _fused_update_available() -> bool:
     """The in-place fused weight update is used on CPU (where its kernel is measured and tested),
     unless ``MS_OPTIM_FUSED=0``, and while MindSpore still ships the primitive (deprecated in 2.10).
     Elsewhere ASGD runs the composite float32 ops, as MindSpore's own ASGD does."""
-    if os.environ.get("MS_OPTIM_FUSED", "1") == "0":
-        return False
-    if ms.get_context("device_target") != "CPU":
-        return False
-    return hasattr(ops, "ApplyProximalGradientDescent")
-
-
-# 1 - l2*eta == 0 in float32 means the exact value is within half an ulp of 1 (2**-24) of zero;
-# using 2**-24 there keeps the fused form finite and is as accurate as float32 allows.
-_TINY = 2.0 ** -24
+    return _fused.fused_switch_on() and hasattr(ops, "ApplyProximalGradientDescent")
 
 
 class ASGD(OptimizerBase):
@@ -93,11 +85,12 @@ class ASGD(OptimizerBase):
     Raises:
         TypeError: an element of ``params`` is neither a Parameter nor a dict.
         TypeError: ``learning_rate`` is not an int, float, Tensor, Iterable or LearningRateSchedule.
-        ValueError: ``learning_rate`` is negative, or a learning-rate list is shorter than the steps trained.
+        ValueError: ``learning_rate`` (or an element of a list or Tensor) is negative, NaN or infinite, or a
+            learning-rate list is shorter than the steps trained.
         TypeError: ``lambd``, ``alpha`` or ``t0`` is not a float.
-        ValueError: ``lambd`` or ``alpha`` is negative.
+        ValueError: ``lambd`` or ``alpha`` is negative, NaN or infinite; ``t0`` is NaN or ``-inf``.
         TypeError: ``weight_decay`` is not an int, float or Cell.
-        ValueError: ``weight_decay`` is negative.
+        ValueError: ``weight_decay`` is negative, NaN or infinite.
 
     Examples:
         >>> import mindspore as ms
@@ -116,16 +109,17 @@ class ASGD(OptimizerBase):
                  learning_rate: Union[float, int, Tensor, list, nn.LearningRateSchedule] = 0.1,
                  lambd: float = 1e-4, alpha: float = 0.75, t0: float = 1e6,
                  weight_decay: Union[float, int, nn.Cell] = 0.0) -> None:
-        cls = "ASGD"
-        params = check_params(params, cls)  # signature order: params, learning_rate, lambd, alpha, t0, ...
-        check_learning_rate(learning_rate, cls)
-        V.check_float("lambd", lambd, cls)
-        V.check_float("alpha", alpha, cls)
-        V.check_float("t0", t0, cls)
-        V.check_non_negative("lambd", lambd, cls)
-        V.check_non_negative("alpha", alpha, cls)
-        check_weight_decay(weight_decay, cls)
-        super().__init__(learning_rate, params, weight_decay)
+        def check_hyper(cls: str) -> None:
+            V.check_float("lambd", lambd, cls)
+            V.check_float("alpha", alpha, cls)
+            V.check_float("t0", t0, cls)
+            for name, value in (("lambd", lambd), ("alpha", alpha)):
+                V.check_non_negative(name, value, cls)
+                V.check_finite(name, value, cls)
+            # t0 = +inf means "never average" (meaningful); NaN or -inf has no meaning
+            V.check_range("t0", t0, low=-math.inf, low_inclusive=False, cls_name=cls)
+
+        super().__init__(learning_rate, params, weight_decay, check_hyper=check_hyper)
         self.lambd = lambd
         self.alpha = alpha
         self.t0 = Tensor(t0, ms.float32)
@@ -135,7 +129,6 @@ class ASGD(OptimizerBase):
         self.eta = ParameterTuple([Parameter(Tensor(0.0, ms.float32), name="eta_" + p.name)
                                    for p in self._parameters])
         self.ax = self._parameters.clone(prefix="ax_", init="zeros")
-        self.lens = self.param_length
         gc_flags = self.grad_centralization_flags if self.is_group else (False,) * self.param_length
         # Static per-parameter choices, resolved before compiling.
         fusable = _fused_update_available()
@@ -148,7 +141,6 @@ class ASGD(OptimizerBase):
         self._any_decay_in_grad = any(self._decay_in_grad)
         self._zero = Tensor(0.0, ms.float32)
         self._one = Tensor(1.0, ms.float32)
-        self._tiny = Tensor(_TINY, ms.float32)
         self.prox = ops.ApplyProximalGradientDescent() if self.use_fused else None
         self._l2_decay_mask = Tensor([1.0 if d else 0.0 for d in self._decay_in_l2], ms.float32)
         self._l2_lambd_only = Tensor([lambd] * self.param_length, ms.float32)
@@ -179,22 +171,25 @@ class ASGD(OptimizerBase):
         else:
             l2 = self._l2_lambd_only
         keep = self._one - l2 * eta
-        keep = ops.where(keep == self._zero, self._tiny, keep)
-        step_sizes = ops.unstack(eta / keep)
         etas = ops.unstack(eta)
         l2s = ops.unstack(l2)
         eta_next = self._one * lr_now / ops.pow(self._one + self.lambd * lr_now * t, self.alpha)
         eta_next = ops.unstack(eta_next) if self.is_group_lr else (eta_next,) * self.param_length
         mu_next = self._one / ops.maximum(self._one, t - self.t0)
 
-        for i in range(self.param_length):
-            param = self._parameters[i]
-            if self._fused[i]:
-                self.prox(param, step_sizes[i], self._zero, l2s[i], gradients[i])
-            else:
-                w32 = F.cast(param, ms.float32)
-                w32 = w32 * (self._one - l2s[i] * etas[i]) - etas[i] * F.cast(gradients[i], ms.float32)
-                F.assign(param, F.cast(w32, F.dtype(param)))
+        # The fused kernel computes (w - a g) / (1 + a l2) with a = eta / keep, which equals
+        # w keep - eta g; for keep <= 0 (l2 eta >= 1, a diverging run) 1 + a l2 cancels in float32, so
+        # that step takes the composite form for every parameter (one test for the whole step).
+        if ops.all(keep > self._zero):
+            step_sizes = ops.unstack(eta / keep)
+            for i in range(self.param_length):
+                if self._fused[i]:
+                    self.prox(self._parameters[i], step_sizes[i], self._zero, l2s[i], gradients[i])
+                else:
+                    self._composite_update(self._parameters[i], etas[i], l2s[i], gradients[i])
+        else:
+            for i in range(self.param_length):
+                self._composite_update(self._parameters[i], etas[i], l2s[i], gradients[i])
         # Before averaging starts (every step up to t0 + 1) all mu are 1 and stay 1: ax = w by plain
         # copies and no mu to write; one test for all parameters decides.
         if ops.logical_and(ops.all(ops.stack(self.mu) == self._one), mu_next == self._one):
@@ -208,13 +203,14 @@ class ASGD(OptimizerBase):
             F.assign(self.eta[i], eta_next[i])
         return True
 
+    def _composite_update(self, param, eta, l2, grad):
+        """w = w (1 - l2 eta) - eta g, in float32."""
+        w32 = F.cast(param, ms.float32)
+        F.assign(param, F.cast(w32 * (self._one - l2 * eta) - eta * F.cast(grad, ms.float32), F.dtype(param)))
+
     def _average(self, ax, param, mu):
         """ax = w if mu == 1 else ax + (w - ax) * mu (in float32)."""
         if mu != self._one:
             F.assign(ax, F.cast(ops.lerp(F.cast(ax, ms.float32), F.cast(param, ms.float32), mu), F.dtype(ax)))
         else:
             F.assign(ax, param)
-
-    def _eta_next(self, lr, t):
-        """eta for the next step: lr / (1 + lambd * lr * t) ** alpha."""
-        return lr / ops.pow(self._one + self.lambd * lr * t, self.alpha)

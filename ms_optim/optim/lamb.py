@@ -8,9 +8,9 @@ from typing import List, Union
 
 import mindspore as ms
 from mindspore import Parameter, Tensor, jit, nn, ops
+from mindspore.nn.learning_rate_schedule import LearningRateSchedule
 from mindspore.ops import composite as C
 from mindspore.ops import functional as F
-from mindspore.nn.learning_rate_schedule import LearningRateSchedule
 
 from ms_optim import _validation as V
 from ms_optim.optim import _fused
@@ -70,6 +70,13 @@ class Lamb(OptimizerBase):
     environment variable ``MS_OPTIM_FUSED=0`` turns it off); elsewhere, or if the kernel cannot be
     compiled, in composite ``mindspore.ops``. Both compute the formula above in float32.
 
+    A single finite gradient element above about ``1e19`` overflows :math:`g^2` in float32, so
+    :math:`v` becomes ``inf`` for good and that parameter's later updates are 0 or NaN (MindSpore's
+    Lamb behaves the same). A loss-scale cell that skips non-finite steps guards against it, e.g.
+    :class:`ms_optim.loss_scale.TrainOneStepWithLossScaleCell` with a ``DynamicLossScaleManager``: with
+    scale :math:`s` a gradient above :math:`3.4 \cdot 10^{38} / s` overflows before it is unscaled, so
+    that step is skipped (no state changes), the scale lowered, and the run stays finite.
+
     State: ``lamb_m.<param name>`` (:math:`m`) and ``lamb_v.<param name>`` (:math:`v`), zeros at
     start, and ``global_step`` (steps taken), the same names as MindSpore's Lamb so checkpoints move
     between the two libraries.
@@ -96,9 +103,10 @@ class Lamb(OptimizerBase):
 
     Raises:
         TypeError: ``beta1``, ``beta2`` or ``eps`` is not a float.
-        ValueError: ``beta1`` or ``beta2`` is not in (0, 1), or ``eps`` is not > 0.
+        ValueError: ``beta1`` or ``beta2`` is not in (0, 1) (NaN included), or ``eps`` is not > 0 or not finite.
         TypeError: ``weight_decay`` is not an int, float or Cell.
-        ValueError: ``weight_decay`` is negative.
+        ValueError: ``weight_decay`` is negative, NaN or infinite; ``learning_rate`` (or an element of a
+            list or Tensor) is negative, NaN or infinite.
         TypeError: ``learning_rate`` is not one of the types above, or an element of ``params`` is
             neither a Parameter nor a dict.
 
@@ -119,14 +127,16 @@ class Lamb(OptimizerBase):
                  learning_rate: Union[float, int, Tensor, list, LearningRateSchedule],
                  beta1: float = 0.9, beta2: float = 0.999, eps: float = 1e-6,
                  weight_decay: Union[float, int, nn.Cell] = 0.0) -> None:
-        super().__init__(learning_rate, params, weight_decay)
-        cls = "Lamb"
-        V.check_float("beta1", beta1, cls)
-        V.check_float("beta2", beta2, cls)
-        V.check_float("eps", eps, cls)
-        V.check_range("beta1", beta1, 0.0, 1.0, False, False, cls)
-        V.check_range("beta2", beta2, 0.0, 1.0, False, False, cls)
-        V.check_positive("eps", eps, cls)
+        def check_hyper(cls: str) -> None:
+            V.check_float("beta1", beta1, cls)
+            V.check_float("beta2", beta2, cls)
+            V.check_float("eps", eps, cls)
+            V.check_range("beta1", beta1, 0.0, 1.0, False, False, cls)
+            V.check_range("beta2", beta2, 0.0, 1.0, False, False, cls)
+            V.check_positive("eps", eps, cls)
+            V.check_finite("eps", eps, cls)
+
+        super().__init__(learning_rate, params, weight_decay, check_hyper=check_hyper)
         self.beta1 = Tensor(beta1, ms.float32)
         self.beta2 = Tensor(beta2, ms.float32)
         self.eps = Tensor(eps, ms.float32)

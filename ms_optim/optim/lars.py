@@ -8,6 +8,7 @@ from __future__ import annotations
 from typing import Callable
 
 import mindspore as ms
+import numpy as np
 from mindspore import Parameter, Tensor, jit, nn, ops
 from mindspore.ops import composite as C
 from mindspore.ops import functional as F
@@ -19,7 +20,7 @@ except ImportError:  # pragma: no cover - only if MindSpore renames its private 
 
 from ms_optim import _validation as V
 from ms_optim.optim import _fused
-from ms_optim.optim._base import OptimizerBase
+from ms_optim.optim._base import OptimizerBase, check_schedule_length
 from ms_optim.optim._trust_ratio import l2_norm, trust_ratio
 
 __all__ = ["LARS", "decay_free_view", "default_lars_filter"]
@@ -107,12 +108,35 @@ def _lars_momentum_fused(kernel, apply_momentum, hyper, momentum, lr, weight_dec
     return F.depend(True, apply_momentum(weight, accum, lr, gradient, momentum))
 
 
-def _list_lr_steps(optimizer: nn.Optimizer) -> int:
-    """How many steps the wrapped optimizer's per-step learning-rate list(s) cover; 0 if it has none."""
-    if _IteratorLearningRate is None or not optimizer.dynamic_lr:
-        return 0
+def _checked_lr_steps(optimizer: nn.Optimizer, cls_name: str) -> int:
+    """Check the wrapped optimizer's learning-rate values; return how many steps its per-step list(s)
+    cover (0 if it has none).
+
+    MindSpore's optimizers accept an empty list and lists holding NaN or negative values (the first
+    fails later with a ``Gather`` index error, the others train to NaN); LARS refuses them here.
+
+    Raises:
+        ValueError: a list is empty, or a fixed value or list element is NaN, infinite or negative.
+    """
     cells = list(optimizer.learning_rate) if optimizer.is_group_lr else [optimizer.learning_rate]
-    sizes = [int(cell.learning_rate.shape[0]) for cell in cells if isinstance(cell, _IteratorLearningRate)]
+    sizes = []
+    for cell in cells:
+        if isinstance(cell, Parameter):
+            values = cell.asnumpy()
+        elif _IteratorLearningRate is not None and isinstance(cell, _IteratorLearningRate):
+            values = cell.learning_rate.asnumpy()
+            sizes.append(int(values.shape[0]))
+        else:
+            continue  # a LearningRateSchedule: its values exist only at run time
+        values = np.asarray(values, np.float64).reshape(-1)
+        if values.size == 0:
+            raise ValueError(f"For '{cls_name}', the argument 'learning_rate' of the wrapped optimizer must not be "
+                             f"empty, but got [].")
+        bad = ~np.isfinite(values) | (values < 0)
+        if bad.any():
+            index = int(np.argmax(bad))
+            raise ValueError(f"For '{cls_name}', the argument 'learning_rate' of the wrapped optimizer must hold "
+                             f"finite values >= 0, but element {index} is {float(values[index])!r}.")
     return min(sizes) if sizes else 0
 
 
@@ -181,6 +205,9 @@ class LARS(OptimizerBase):
     Raises:
         TypeError: ``optimizer`` is not a ``mindspore.nn.Optimizer``.
         TypeError: ``epsilon`` or ``coefficient`` is not a float.
+        ValueError: ``epsilon`` or ``coefficient`` is negative, NaN or infinite.
+        ValueError: the wrapped optimizer's learning rate is an empty list, or holds a NaN, infinite or
+            negative value.
         TypeError: ``use_clip`` is not a bool.
         TypeError: ``lars_filter`` is not callable.
 
@@ -198,12 +225,18 @@ class LARS(OptimizerBase):
 
     def __init__(self, optimizer: nn.Optimizer, epsilon: float = 1e-05, coefficient: float = 0.001,
                  use_clip: bool = False, lars_filter: Callable[[Parameter], bool] = default_lars_filter) -> None:
-        cls = "LARS"
+        cls = type(self).__name__
         V.check_type("optimizer", optimizer, nn.Optimizer, cls, what="a mindspore.nn.Optimizer")
         V.check_float("epsilon", epsilon, cls)
         V.check_float("coefficient", coefficient, cls)
+        for name, value in (("epsilon", epsilon), ("coefficient", coefficient)):
+            V.check_non_negative(name, value, cls)
+            V.check_finite(name, value, cls)
         V.check_bool("use_clip", use_clip, cls)
         V.check_callable("lars_filter", lars_filter, cls)
+        # A learning-rate list shorter than training: a clear error before anything is updated
+        # (MindSpore's own list lookup in the wrapped optimizer would fail with a Gather index error).
+        self.lr_list_steps = _checked_lr_steps(optimizer, cls)
         super().__init__(0.0, [Parameter(Tensor(0.0, ms.float32), name="lars_placeholder")])
         # drop the base class's placeholders: LARS owns no Parameter of its own
         self._params.pop("lars_placeholder", None)
@@ -232,9 +265,7 @@ class LARS(OptimizerBase):
         self.coefficient = Tensor(coefficient, ms.float32)
         self.use_clip = use_clip
         self.lars_flag = tuple(bool(lars_filter(param)) for param in self.parameters)
-        # A learning-rate list shorter than training: a clear error before anything is updated
-        # (MindSpore's own list lookup in the wrapped optimizer would fail with a Gather index error).
-        self.lr_list_steps = _list_lr_steps(optimizer)
+        self.owner_name = cls
         self.lr_list_steps_tensor = Tensor(self.lr_list_steps, ms.int32)
         # Around nn.Momentum on CPU: ratio, decay and momentum step in one fused kernel per parameter
         # (ms_optim.optim._fused), the same arithmetic as the composite path below.
@@ -255,12 +286,8 @@ class LARS(OptimizerBase):
     @jit(backend="ms_backend")
     def construct(self, gradients):
         if self.lr_list_steps > 0:
-            step = ops.reshape(self.global_step, ())
-            if step >= self.lr_list_steps_tensor:
-                raise ValueError(f"For 'LARS', the argument 'learning_rate' of the wrapped optimizer gives "
-                                 f"{self.lr_list_steps} values, one per step, but step {step + 1} was requested: "
-                                 f"give at least as many learning rates as steps trained, or use a "
-                                 f"LearningRateSchedule.")
+            check_schedule_length(self.owner_name, "learning_rate", self.lr_list_steps, self.lr_list_steps_tensor,
+                                  self.global_step, where=" of the wrapped optimizer")
         # both read before the wrapped optimizer advances global_step
         lrs = self.lr_per_param(self.get_lr())
         wds = self.weight_decay_per_param()  # the wrapped optimizer's, loss scale divided out

@@ -2,9 +2,9 @@
 from ms_optim._facade import lazy_dir, lazy_getattr
 
 _EXPORTS = {
-    "ConvertModelUtils": "ms_optim.thor.model",
-    "ConvertNetUtils": "ms_optim.thor.convert",
-    "ModelThor": "ms_optim.thor.model",
+    "ConvertModelUtils": "ms_optim._thor.model",
+    "ConvertNetUtils": "ms_optim._thor.convert",
+    "ModelThor": "ms_optim._thor.model",
 }
 
 __all__ = sorted(_EXPORTS)

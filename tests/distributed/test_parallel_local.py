@@ -2,7 +2,7 @@
 import numpy as np
 from mindspore import Tensor
 
-from ms_optim.thor.parallel import FactorAllReduce, data_parallel_group_size, fusion_groups
+from ms_optim._thor.parallel import FactorAllReduce, data_parallel_group_size, fusion_groups
 
 
 def test_fusion_groups_follow_mindspore_split_indices():

@@ -22,6 +22,8 @@ sys.path.insert(0, ROOT)
 import mindspore as ms  # noqa: E402
 from mindspore import Tensor, nn  # noqa: E402
 
+from ms_optim._bridge import prime_numpy_bridge  # noqa: E402
+
 GLOBAL_BATCH = 8
 CONFIGS = {"split0": [0], "default": None}  # split_indices per configuration
 
@@ -73,14 +75,7 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=5)
     args = parser.parse_args()
     ms.set_context(mode=ms.GRAPH_MODE, device_target="CPU")
-    # MindSpore 2.10 under NumPy 2: the first PYNATIVE op through its NumPy bridge fails once (the THOR
-    # layers absorb that when the first one is built). If that first failure happens after init(),
-    # the msrun worker later leaves the cluster abnormally (the scheduler reports it timed out and
-    # msrun exits 1 although training finished). Take the one-time failure here, before init().
-    try:
-        _ = Tensor(np.ones(1, np.float32)) * 1.0
-    except (SystemError, ImportError):
-        pass
+    prime_numpy_bridge()  # before init(): see ms_optim._bridge
     rank, size = 0, 1
     if not args.single:
         from mindspore.communication import get_group_size, get_rank, init
@@ -105,7 +100,7 @@ def main() -> None:
         name = f"{tag}_single.npz" if args.single else f"{tag}_rank{rank}.npz"
         np.savez(os.path.join(args.out, name), **params)
     if not args.single:
-        from ms_optim.thor.parallel import FactorAllReduce
+        from ms_optim._thor.parallel import FactorAllReduce
 
         factors = tuple(Tensor(np.full((2, 2), (rank + 1) * (i + 1), np.float32)) for i in range(3))
         for tag, split in CONFIGS.items():

@@ -1,6 +1,6 @@
 """NumPy float64 oracle of a whole THOR step: the specification the optimizer is tested against.
 
-It is written from the documented algorithm (``ms_optim/thor/optimizer.py`` module docstring, issue 3),
+It is written from the documented algorithm (``ms_optim/_thor/optimizer.py`` module docstring),
 not from the implementation. One :class:`ThorReference` step on a batch:
 
 .. code-block:: text
@@ -12,6 +12,8 @@ not from the implementation. One :class:`ThorReference` step on a batch:
                    (last smaller; whole matrix for inverse="full"); embedding A: 1 / (a + lam)
     Dense/Conv weight g <- Ginv g Ainv (conv as out x (in*kh*kw)); embedding g <- diag(Ainv) g Ginv;
     LayerNorm gamma/beta g <- g / (g^2 / batch_size + lam); others unchanged
+    KL clip (kl_clip = c not None; v the preconditioned gradients above, g the raw ones, all parameters):
+        q <- lr[t]^2 |sum_p v_p . g_p|;  nu <- min(1, sqrt(c / q)) if q finite and > 0 else 1;  v <- nu v
     g <- g + wd * w (decay_filter), g <- g / max(||g||, 1) (clip), accum <- m accum + g,
     w <- w - lr[t] * accum (Nesterov: w <- w - lr[t] * (g + m accum)); t <- t + 1
 
@@ -166,7 +168,8 @@ class ThorReference:
     def __init__(self, model, params: Dict[str, Array], lr: Sequence[float], damping: Sequence[float],
                  momentum: float, weight_decay: float = 0.0, batch_size: int = 32, use_nesterov: bool = False,
                  decay_filter: Callable[[str], bool] = lambda name: True, enable_clip_grad: bool = False,
-                 frequency: int = 100, block_size: Optional[int] = 128, layernorm: Sequence[str] = ()):
+                 frequency: int = 100, block_size: Optional[int] = 128, layernorm: Sequence[str] = (),
+                 kl_clip: Optional[float] = None):
         self.model = model
         self.params = {k: np.asarray(v, np.float64).copy() for k, v in params.items()}
         self.moments = {k: np.zeros_like(v) for k, v in self.params.items()}
@@ -181,6 +184,8 @@ class ThorReference:
         self.frequency = frequency
         self.block_size = block_size
         self.layernorm = tuple(layernorm)
+        self.kl_clip = kl_clip
+        self.kl_nu = []  # the KL-clip factor of every step (tests check whether clipping was active)
         self.t = 0
         self.a_inv: Dict[str, Array] = {}
         self.g_inv: Dict[str, Array] = {}
@@ -213,6 +218,11 @@ class ThorReference:
                 grad = grad / (grad ** 2 / self.batch_size + lam)
             new[pname] = grad
         lr = self._at(self.lr)
+        if self.kl_clip is not None:
+            q = lr * lr * abs(sum(float(np.sum(new[p] * grads[p])) for p in new))
+            nu = min(1.0, math.sqrt(self.kl_clip / q)) if (math.isfinite(q) and q > 0) else 1.0
+            self.kl_nu.append(nu)
+            new = {p: nu * v for p, v in new.items()}
         for pname, grad in new.items():
             w = self.params[pname]
             if self.weight_decay > 0 and self.decay_filter(pname):

@@ -9,10 +9,9 @@ parameters changed and stayed finite, and exits with ``--exit-code``.
 import argparse
 import sys
 
-import numpy as np
-
 import mindspore as ms
 import mindspore.dataset as ds
+import numpy as np
 from mindspore import Tensor, nn
 from mindspore.train import LossMonitor
 

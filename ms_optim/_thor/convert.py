@@ -17,7 +17,8 @@ What stays a plain, first-order layer (documented, never an error): grouped or d
 convolutions (``group > 1``), ``data_format='NHWC'`` convolutions, subclasses of the plain layers (their
 forward may differ; only the exact classes are converted), other layer types (``nn.EmbeddingLookup``,
 ``nn.Conv1d``, transposed convolutions, ...), and layers whose weight has ``requires_grad=False``
-(frozen: nothing to precondition). No layer is special-cased by its name. The cell passed as ``net``
+(frozen: nothing to precondition; the rule is :func:`thor_class_for`). No layer is special-cased by its
+name. The cell passed as ``net``
 is never replaced itself (a bare ``nn.Dense`` as the whole network stays plain: wrap it in a Cell).
 """
 from __future__ import annotations
@@ -26,10 +27,10 @@ from typing import Dict, List, Optional, Set, Tuple
 
 from mindspore import nn
 
+from ms_optim._thor.layers import Conv2dThor, DenseThor, EmbeddingThor, ThorLayer
 from ms_optim._validation import check_type
-from ms_optim.thor.layers import Conv2dThor, DenseThor, EmbeddingThor, ThorLayer
 
-__all__ = ["ConvertNetUtils", "thor_class_for"]
+__all__ = ["ConvertNetUtils", "thor_class_for", "thor_candidates", "count_thor_cells", "is_thor_layer"]
 
 _THOR_CLASSES = (DenseThor, Conv2dThor, EmbeddingThor)
 _FACTOR_ATTRS = ("matrix_a_cov", "matrix_g_cov", "thor_flag")
@@ -37,7 +38,14 @@ _PRECISION_FLAGS = ("fp16", "fp32", "bf16")
 
 
 def thor_class_for(cell: nn.Cell) -> Optional[type]:
-    """The THOR class that converts ``cell``, or None if ``cell`` stays as it is."""
+    """THE rule: the THOR class that converts the plain layer ``cell``, or None if ``cell`` stays as it is.
+
+    A cell converts iff a THOR class can represent it (its exact plain type, and for convolutions
+    ``group == 1`` and NCHW: ``ThorLayer.supports``) and its weight has ``requires_grad=True``.
+    Everything that decides which layers THOR preconditions goes through this function (with
+    :func:`thor_candidates`): the converter, ``thor()``'s validation and ``split_indices`` check,
+    and :func:`count_thor_cells`.
+    """
     if isinstance(cell, ThorLayer):
         return None
     for cls in _THOR_CLASSES:
@@ -47,25 +55,36 @@ def thor_class_for(cell: nn.Cell) -> Optional[type]:
     return None
 
 
+def is_thor_layer(cell: nn.Cell) -> bool:
+    """Whether ``cell`` is a THOR layer the optimizer preconditions (its weight is trainable)."""
+    return isinstance(cell, ThorLayer) and cell.weight_param().requires_grad
+
+
+def thor_candidates(net: nn.Cell) -> List[Tuple[str, nn.Cell]]:
+    """``(name, cell)`` of every layer THOR preconditions in ``net``, in ``cells_and_names()`` order:
+    trainable THOR layers already there and the plain layers ``convert_to_thor_net`` would convert
+    (by :func:`thor_class_for`). Touches nothing. After conversion these are exactly the THOR layers
+    the optimizer gets.
+
+    ``net`` itself is included only if it is already a THOR layer: a bare plain layer passed as the
+    whole network cannot be replaced in place (wrap it in a Cell)."""
+    return [(name, cell) for name, cell in net.cells_and_names()
+            if is_thor_layer(cell) or (cell is not net and thor_class_for(cell) is not None)]
+
+
+def count_thor_cells(net: nn.Cell) -> int:
+    """Number of THOR layers ``net`` has, or will have once converted (the converter is not run)."""
+    return len(thor_candidates(net))
+
+
 class ConvertNetUtils:
     """Converts a network to THOR layers (see the module docstring for what is kept and what is not)."""
 
-    def __init__(self):
-        pass
-
-    @staticmethod
-    def thor_candidates(net: nn.Cell) -> List[Tuple[str, nn.Cell]]:
-        """``(name, cell)`` of every layer THOR would precondition: THOR layers already there and the
-        plain layers ``convert_to_thor_net`` would convert. Touches nothing (for validation).
-
-        ``net`` itself is included only if it is already a THOR layer: a bare plain layer passed as the
-        whole network cannot be replaced in place (wrap it in a Cell)."""
-        check_type("net", net, nn.Cell, "ConvertNetUtils", what="a Cell")
-        found = []
-        for name, cell in net.cells_and_names():
-            if isinstance(cell, ThorLayer) or (cell is not net and thor_class_for(cell) is not None):
-                found.append((name, cell))
-        return found
+    @classmethod
+    def thor_candidates(cls, net: nn.Cell) -> List[Tuple[str, nn.Cell]]:
+        """:func:`thor_candidates` of ``net`` (checked to be a Cell)."""
+        check_type("net", net, nn.Cell, cls.__name__, what="a Cell")
+        return thor_candidates(net)
 
     def convert_to_thor_net(self, net: nn.Cell) -> nn.Cell:
         """Replace, in place, every supported layer of ``net`` by its THOR layer; return ``net``.
@@ -73,7 +92,7 @@ class ConvertNetUtils:
         Raises:
             TypeError: if ``net`` is not a Cell.
         """
-        check_type("net", net, nn.Cell, "ConvertNetUtils", what="a Cell")
+        check_type("net", net, nn.Cell, type(self).__name__, what="a Cell")
         names_in_use: Set[str] = {param.name for param in net.get_parameters()}
         paths = {id(cell): name for name, cell in net.cells_and_names()}
         replaced: Dict[int, ThorLayer] = {}
@@ -101,8 +120,7 @@ class ConvertNetUtils:
                 replaced[id(child)] = new
             self._swap_child(parent, key, child, new)
 
-    @staticmethod
-    def _factor_prefix(cls: type, cell: nn.Cell, names_in_use: Set[str], paths: Dict[int, str]) -> str:
+    def _factor_prefix(self, cls: type, cell: nn.Cell, names_in_use: Set[str], paths: Dict[int, str]) -> str:
         """Name prefix of the new factor Parameters: the weight's prefix, or the cell's path if taken."""
         weight_name = cls._plain_weight(cell).name  # pylint: disable=protected-access
         candidates = [weight_name[:weight_name.rfind(".") + 1]]
@@ -116,7 +134,7 @@ class ConvertNetUtils:
             if not any(name in names_in_use for name in names):
                 names_in_use.update(names)
                 return prefix
-        raise RuntimeError(f"ConvertNetUtils: no free parameter name for the THOR factors of '{weight_name}'.")
+        raise RuntimeError(f"{type(self).__name__}: no free parameter name for the THOR factors of '{weight_name}'.")
 
     @staticmethod
     def _copy_cell_state(old: nn.Cell, new: ThorLayer) -> None:

@@ -36,9 +36,8 @@ from __future__ import annotations
 import math
 from typing import Tuple
 
-import numpy as np
-
 import mindspore.common.dtype as mstype
+import numpy as np
 from mindspore import Tensor, ops
 
 __all__ = [

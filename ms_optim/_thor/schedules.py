@@ -19,6 +19,7 @@ from __future__ import annotations
 from typing import Union
 
 import numpy as np
+from mindspore import Tensor
 
 from ms_optim._validation import check_int, check_non_negative, check_number, check_positive, check_range
 
@@ -40,8 +41,6 @@ def _epochs(global_step: int, total_epochs: int, steps_per_epoch: int, fn: str) 
 def _finish(values: np.ndarray, as_tensor: bool):
     values = values.astype(np.float32)
     if as_tensor:
-        from mindspore import Tensor
-
         return Tensor(values)
     return values
 

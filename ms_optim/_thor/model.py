@@ -13,7 +13,7 @@ identically on CPU, GPU and Ascend:
 * ``dataset_sink_mode=False``: MindSpore's step-by-step loop (``step_end`` after every step).
 
 The THOR schedule (THOR steps 0, f, 2f, ...) is owned by the optimizer's ``global_step`` and the
-layers' ``thor_flag`` (see ``ms_optim.thor``), so both loops, any ``sink_size``, and plain
+layers' ``thor_flag`` (see ``ms_optim._thor``), so both loops, any ``sink_size``, and plain
 ``TrainOneStepCell`` training give the same trajectory; the Model toggles nothing.
 
 The training cell is built as MindSpore's ``Model`` builds it (``amp_level`` O0/O1/O2/O3/auto,
@@ -23,11 +23,12 @@ The training cell is built as MindSpore's ``Model`` builds it (``amp_level`` O0/
 * ``FixedLossScaleManager(s, drop_overflow_update=False)``: ``TrainOneStepCell`` with ``sens = s``;
   the gradients reach the optimizer multiplied by ``s`` (THOR's ``loss_scale`` divides it out);
 * ``DynamicLossScaleManager`` or ``FixedLossScaleManager(drop_overflow_update=True)``: a
-  ``TrainOneStepWithLossScaleCell`` (``ms_optim.loss_scale``) whose overflow test is written with ``ops.isfinite`` (all-reduced
-  over data-parallel ranks), so it also runs on CPU, where MindSpore's own cell needs an Ascend-only
-  status op. Gradients are unscaled before the optimizer and an overflowing step is skipped. For a
-  THOR optimizer the cell feeds the scale this step's backward used (before the manager updates it)
-  into the optimizer's ``factor_loss_scale``, by which the layers' G are unscaled.
+  ``TrainOneStepWithLossScaleCell`` (``ms_optim.loss_scale``) whose overflow test is written with
+  ``ops.isfinite`` (all-reduced over data-parallel ranks), so it also runs on CPU, where MindSpore's
+  own cell needs an Ascend-only status op. Gradients are unscaled before the optimizer and an
+  overflowing step is skipped. For a THOR optimizer the cell feeds the scale this step's backward
+  used (before the manager updates it) into the optimizer's ``factor_loss_scale``, by which the
+  layers' G are unscaled.
 
 ``ConvertModelUtils.convert_to_thor_model`` turns a ``Model`` built for an ms_optim THOR optimizer
 into a ``ModelThor``; for any other optimizer it returns the model unchanged.
@@ -41,19 +42,18 @@ import numpy as np
 from mindspore import context, nn
 from mindspore.train import amp
 from mindspore.train.callback import RunContext
+from mindspore.train.loss_scale_manager import LossScaleManager
 from mindspore.train.model import Model
 
+from ms_optim._thor.optimizer import ThorOptimizer
+from ms_optim._validation import check_bool, check_int, check_type, describe
 from ms_optim.loss_scale import TrainOneStepWithLossScaleCell
 
 __all__ = ["ModelThor", "ConvertModelUtils"]
 
 
 def _is_thor_optimizer(optimizer: Any) -> bool:
-    """isinstance check against ms_optim's THOR optimizer class (imported lazily)."""
-    if optimizer is None or isinstance(optimizer, (int, float, str)):
-        return False
-    from ms_optim.thor.optimizer import ThorOptimizer  # local: optimizer.py imports heavier modules
-
+    """Whether ``optimizer`` is ms_optim's THOR optimizer."""
     return isinstance(optimizer, ThorOptimizer)
 
 
@@ -218,9 +218,38 @@ def _user_eval_network(model: Any):
     eval_net = getattr(model, "_eval_network", None)
     if eval_net is None:
         return None, None
-    if isinstance(eval_net, nn.WithEvalCell) and getattr(eval_net, "_network", None) is getattr(model, "_network", None):
+    if (isinstance(eval_net, nn.WithEvalCell)
+            and getattr(eval_net, "_network", None) is getattr(model, "_network", None)):
         return None, None
     return eval_net, getattr(model, "_eval_indexes", None)
+
+
+_AMP_LEVELS = ("O0", "O1", "O2", "O3", "auto")
+
+
+def _check_convert_arguments(network, loss_fn, metrics, amp_level, loss_scale_manager, keep_batchnorm_fp32,
+                             frequency, thor_opt) -> None:
+    """Every argument of ``convert_to_thor_model``, before anything is built or cast."""
+    name = "ConvertModelUtils"
+    check_type("network", network, nn.Cell, name, what="a Cell")
+    if loss_fn is not None:
+        check_type("loss_fn", loss_fn, nn.Cell, name, what="a Cell or None")
+    if metrics is not None:
+        check_type("metrics", metrics, (dict, set), name, what="a dict, a set or None")
+    check_type("amp_level", amp_level, str, name, what="a str")
+    if amp_level not in _AMP_LEVELS:
+        raise ValueError(f"For '{name}', the argument 'amp_level' must be one of {list(_AMP_LEVELS)}, "
+                         f"but got {describe(amp_level)}.")
+    if loss_scale_manager is not None:
+        check_type("loss_scale_manager", loss_scale_manager, LossScaleManager, name,
+                   what="a LossScaleManager (FixedLossScaleManager, DynamicLossScaleManager) or None")
+    check_bool("keep_batchnorm_fp32", keep_batchnorm_fp32, name)
+    if frequency is not None:
+        check_int("frequency", frequency, name)
+        if frequency != thor_opt.get_frequency():
+            raise ValueError(f"For '{name}', the argument 'frequency' ({frequency}) must equal "
+                             f"the THOR optimizer's frequency ({thor_opt.get_frequency()}): pass the same "
+                             f"value to thor(..., frequency=...) or leave 'frequency' out here.")
 
 
 class ConvertModelUtils:
@@ -246,21 +275,23 @@ class ConvertModelUtils:
             frequency (int): keyword-only, accepted for older scripts that pass it here; it must equal
                 the THOR optimizer's ``frequency`` (the optimizer owns the schedule). Default: None.
 
+        When the model is converted, every argument is checked first: a refused call changes
+        nothing (no cast, no new cell, ``model``/``network``/``optimizer`` as they were).
+
         Raises:
-            TypeError: if ``frequency`` is not an int.
-            ValueError: if ``frequency`` differs from the THOR optimizer's (both values named).
+            TypeError: if ``network`` is not a Cell, ``loss_fn`` not a Cell or None, ``metrics`` not a
+                dict/set/None, ``amp_level`` not a str, ``loss_scale_manager`` not a LossScaleManager or
+                None, ``keep_batchnorm_fp32`` not a bool, ``frequency`` not an int.
+            ValueError: if ``amp_level`` is not "O0"/"O1"/"O2"/"O3"/"auto"; if ``frequency`` differs
+                from the THOR optimizer's (both values named).
 
         Returns:
             Model: a ``ModelThor`` or ``model``.
         """
         thor_opt = network.optimizer if isinstance(network, nn.TrainOneStepCell) else optimizer
-        if frequency is not None and _is_thor_optimizer(thor_opt):
-            from ms_optim._validation import check_int
-            check_int("frequency", frequency, "ConvertModelUtils")
-            if frequency != thor_opt.get_frequency():
-                raise ValueError(f"For 'ConvertModelUtils', the argument 'frequency' ({frequency}) must equal "
-                                 f"the THOR optimizer's frequency ({thor_opt.get_frequency()}): pass the same "
-                                 f"value to thor(..., frequency=...) or leave 'frequency' out here.")
+        if _is_thor_optimizer(thor_opt):
+            _check_convert_arguments(network, loss_fn, metrics, amp_level, loss_scale_manager, keep_batchnorm_fp32,
+                                     frequency, thor_opt)
         if isinstance(network, nn.TrainOneStepCell) and _is_thor_optimizer(network.optimizer):
             eval_net, eval_indexes = _user_eval_network(model)
             if eval_net is None:  # a training cell alone has no loss to build an evaluation network from

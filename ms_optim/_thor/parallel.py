@@ -28,6 +28,7 @@ from __future__ import annotations
 from typing import List, Optional, Sequence
 
 from mindspore import context, nn, ops
+from mindspore.communication import get_group_size
 
 __all__ = ["FactorAllReduce", "data_parallel_group_size", "fusion_groups"]
 
@@ -40,8 +41,6 @@ def data_parallel_group_size() -> int:
     if mode not in _DATA_PARALLEL_MODES:
         return 1
     try:
-        from mindspore.communication import get_group_size
-
         return int(get_group_size())
     except (RuntimeError, ValueError):  # communication not initialised
         return 1

@@ -1,0 +1,46 @@
+"""THOR (Trace-based Hardware-driven layer-ORiented natural gradient) for MindSpore, from public ops.
+
+Private implementation package (the public names are ``ms_optim.thor``/``ms_optim.nn.thor``, the THOR
+layers in ``ms_optim.nn`` and ``ms_optim.train_thor``). How the modules fit:
+
+``factors.py`` -- the factor math per layer kind: ``<kind>_a(layer input, ...) -> A`` and
+    ``<kind>_g(dL/ds) -> G``, the conv im2col and ``conv_output_geometry``, and the backward-pass
+    taps that call them. The formulas and their normalisation are documented there.
+
+``layers.py`` -- ``DenseThor``, ``Conv2dThor``, ``EmbeddingThor`` (subclasses of ``ThorLayer``):
+    state and forward only. Each layer owns, as non-trainable Parameters, ``matrix_a_cov`` (A),
+    ``matrix_g_cov`` (G, carrying the square of the loss scale of its backward pass) and
+    ``thor_flag``; ``ThorLayer.from_cell(cell)`` builds one from a plain layer reusing its Parameters.
+
+``convert.py`` -- THE rule of which cells become THOR layers (``thor_class_for``: exact plain type,
+    conv group 1 and NCHW, weight ``requires_grad``; ``thor_candidates``/``count_thor_cells``) and
+    ``ConvertNetUtils().convert_to_thor_net(net)``, which applies it in place.
+
+``factory.py`` -- ``thor(net, learning_rate, damping, momentum, ...)``: validates every argument,
+    THEN converts ``net``, THEN builds the optimizer. Nothing else converts.
+
+``optimizer.py`` -- ``ThorOptimizer``: state (one ``LayerSlot`` per THOR layer, the inverses, the
+    momentum buffers ``moments.``) and the step (update rule in its docstring). It receives the
+    converted net and its layers; it never validates or converts.
+
+``preconditioner.py`` -- damping, (blocked) inverses and the G^-1 dW A^-1 products, pure functions.
+
+``parallel.py`` -- ``FactorAllReduce``: mean all-reduce of factors in fusion groups split at
+    ``split_indices``; identity on a single device.
+
+``model.py`` -- ``ModelThor`` (the dataset-sink loop, implemented here for every backend) and
+    ``ConvertModelUtils.convert_to_thor_model``.
+
+``schedules.py`` -- the model zoo's learning-rate and damping generators.
+
+The schedule (the contract between the optimizer and the layers, stated here only). The optimizer
+owns the step counter t (its ``global_step``): step t is a THOR step iff ``t % frequency == 0``.
+A layer computes A and G in the backward pass of a step only while its ``thor_flag`` is True and
+it is in training mode. At the end of every step the optimizer writes ``(t + 1) % frequency == 0``
+into every layer's ``thor_flag``, so the flags are right for the next step in every calling path
+(``TrainOneStepCell``, ``Model``, ``ModelThor`` sink or not), with no Python-side toggling. The
+flags start True (step 0 is a THOR step); ``ThorOptimizer.sync_thor_flags()`` re-derives them from
+``global_step`` (after loading a checkpoint without them). A step the caller skips (loss-scale
+overflow: the optimizer is not called) changes nothing: parameters, moments, inverses,
+``global_step`` and the flags stay, so the retried step is again a THOR step if the skipped one was.
+"""

@@ -1,0 +1,273 @@
+"""THOR's Kronecker factors per layer kind: the math, apart from the layer classes.
+
+Each kind has two small functions, ``<kind>_a(layer input, ...) -> A`` and ``<kind>_g(dL/ds) -> G``
+(float32 results, whatever the input dtype), and a tap Cell that calls them in the backward pass.
+The layers (``layers.py``) only own the state (the factor Parameters and the flag) and the forward.
+
+Notation. The loss L is a mean over the samples of a batch. ``a`` are the layer's inputs, ``s`` its
+pre-activation outputs, ``d = dL/ds`` the gradient reaching ``s`` in the backward pass.
+
+* Dense (``kind == "dense"``). The input is flattened to ``N`` rows of ``in_channels`` (all leading
+  dimensions of an N-D input are rows, as ``nn.Dense`` itself flattens them), and each row counts as
+  one sample of the loss mean::
+
+      A = a^T a / N                       (in_channels x in_channels)
+      G = N * d^T d                       (out_channels x out_channels)
+
+  For a 2-D input ``N = B``, the batch size. (For an input of shape ``(B, T, in)`` this is the
+  "every token is a sample" convention, exact for a loss averaged over all B*T tokens.)
+* Conv2d (``kind == "conv"``, group 1, NCHW). ``p`` are the im2col patches of size
+  ``C_in*kh*kw`` (ordered like ``weight.reshape(C_out, -1)``: channel, kernel row, kernel column)
+  at the ``T = H_out*W_out`` output positions, honouring stride, padding (pad_mode same/valid/pad,
+  asymmetric padding of "same" included) and dilation (:func:`conv_output_geometry`); ``B`` is the
+  batch size::
+
+      A = sum_{b,t} p p^T / (B*T)         (C_in*kh*kw square)
+      G = B * sum_{b,t} d d^T             (C_out x C_out)
+
+  This is the KFC normalisation (Grosse & Martens, 2016): A is the patch covariance averaged over
+  samples and positions, G the per-sample output-gradient covariance summed over positions
+  (``B*d`` is the gradient of one sample's loss), so that ``A (x) G`` approximates the Fisher
+  ``E_b[vec(dW_b) vec(dW_b)^T]`` of per-sample weight gradients ``dW_b``. (MindSpore's GPU layer
+  averages the output gradients over the batch *before* the outer product, and its Ascend layer
+  divides G by T; neither is the Fisher approximation the THOR paper states.)
+* Embedding (``kind == "embedding"``). The ``N`` ids (all dimensions flattened, ``N = B*T`` for
+  ids of shape ``(B, T)``) each count as one sample, as for Dense::
+
+      A = counts / N                      (vocab_size vector: the diagonal of A; counts[v] = number
+                                           of occurrences of id v; ids outside [0, vocab_size) are
+                                           not counted; padding_idx is counted like any id)
+      G = N * d^T d                       (embedding_size square; d are the N gradient rows)
+
+Factors are always computed in float32, also when the layer runs in float16 (amp O2/O3). G is
+computed from the gradient *as it reaches the layer*: under a loss scale ``S`` it is ``S**2`` times
+the formula above (the optimizer divides it out). A factor that comes out non-finite (a loss-scale
+overflow) is not stored: the previous one is kept.
+
+The tap. In training mode a layer passes ``s`` through its tap, an identity with a custom ``bprop``
+that receives the layer input and ``dL/ds`` and, while the layer's ``thor_flag`` is True, computes
+and assigns both factors. So all factor work happens in the backward pass (a forward pass alone
+never computes factors), the forward graph has no control flow (a flag-dependent branch in the
+forward pass together with a backward hook makes MindSpore 2.10's GRAPH mode report a graph cycle
+for layers called more than once), and it works in PYNATIVE and GRAPH mode, inside
+``TrainOneStepCell`` and with ``mindspore.value_and_grad``/``mindspore.grad`` (also under
+``ms.jit``). The tap ignores amp's precision flags and casts to float32 itself (in PYNATIVE mode amp
+would cast the inputs of *every* op of a float16 cell).
+"""
+from __future__ import annotations
+
+from typing import Tuple
+
+import mindspore.common.dtype as mstype
+import numpy as np
+from mindspore import Tensor, nn, ops
+
+__all__ = [
+    "conv_output_geometry",
+    "row_gram",
+    "dense_a",
+    "dense_g",
+    "conv_patches",
+    "conv_a",
+    "conv_g",
+    "embedding_a",
+    "embedding_g",
+    "DenseTap",
+    "ConvTap",
+    "EmbeddingTap",
+]
+
+_F32 = mstype.float32
+_GRAM = ops.MatMul(transpose_a=True)
+
+Pair = Tuple[int, int]
+
+
+def conv_output_geometry(height: int, width: int, kernel_size: Pair, stride: Pair, dilation: Pair, pad_mode: str,
+                         padding) -> Tuple[int, int, int, int, int, int]:
+    """Output size and explicit paddings of a 2-D convolution, as ``ops.Conv2D`` computes them.
+
+    Returns ``(pad_top, pad_bottom, pad_left, pad_right, out_height, out_width)``. With the
+    effective kernel ``e = (k - 1) * dilation + 1``:
+
+    * ``"same"``: ``out = ceil(in / stride)``, total padding ``max((out - 1) * stride + e - in, 0)``,
+      split with the smaller half on top/left (the extra row/column goes to bottom/right);
+    * ``"valid"``: no padding, ``out = floor((in - e) / stride) + 1``;
+    * ``"pad"``: ``padding`` (an int, or a tuple ``(top, bottom, left, right)``),
+      ``out = floor((in + pad_before + pad_after - e) / stride) + 1``.
+    """
+    eff_h = (kernel_size[0] - 1) * dilation[0] + 1
+    eff_w = (kernel_size[1] - 1) * dilation[1] + 1
+    if pad_mode == "same":
+        out_h = (height + stride[0] - 1) // stride[0]
+        out_w = (width + stride[1] - 1) // stride[1]
+        total_h = max((out_h - 1) * stride[0] + eff_h - height, 0)
+        total_w = max((out_w - 1) * stride[1] + eff_w - width, 0)
+        pad_top = total_h // 2
+        pad_left = total_w // 2
+        return pad_top, total_h - pad_top, pad_left, total_w - pad_left, out_h, out_w
+    if pad_mode == "pad":
+        if isinstance(padding, int):
+            pads = (padding, padding, padding, padding)
+        else:
+            pads = (padding[0], padding[1], padding[2], padding[3])
+    else:
+        pads = (0, 0, 0, 0)
+    out_h = (height + pads[0] + pads[1] - eff_h) // stride[0] + 1
+    out_w = (width + pads[2] + pads[3] - eff_w) // stride[1] + 1
+    return pads[0], pads[1], pads[2], pads[3], out_h, out_w
+
+
+# --------------------------------------------------------------------------- per-kind math
+def _scale(value, factor):
+    """``value * factor`` for a Python number ``factor``, through a Tensor (see ``ms_optim._bridge``)."""
+    return ops.mul(value, ops.scalar_to_tensor(factor, _F32))
+
+
+def row_gram(rows, factor):
+    """``factor * rows^T rows`` in float32, for ``rows`` of shape ``(n, k)`` and a Python number ``factor``."""
+    rows = ops.cast(rows, _F32)
+    return _scale(_GRAM(rows, rows), factor)
+
+
+def dense_a(x):
+    """Dense A from the ``(N, in)`` input rows: ``a^T a / N``."""
+    return row_gram(x, 1.0 / x.shape[0])
+
+
+def dense_g(ds):
+    """Dense (and embedding) G from the ``(N, out)`` rows of dL/ds: ``N d^T d``."""
+    return row_gram(ds, ds.shape[0])
+
+
+def conv_patches(x, kernel_size: Pair, stride: Pair, dilation: Pair, pad_mode: str, padding):
+    """im2col of an NCHW input: ``(B*Ho*Wo, C*kh*kw)`` float32, column ``c*kh*kw + i*kw + j``."""
+    x = ops.cast(x, _F32)
+    batch, channels, height, width = x.shape
+    kh, kw = kernel_size
+    sh, sw = stride
+    dh, dw = dilation
+    top, bottom, left, right, out_h, out_w = conv_output_geometry(height, width, kernel_size, stride, dilation,
+                                                                  pad_mode, padding)
+    if top + bottom + left + right > 0:
+        x = ops.pad(x, (left, right, top, bottom))
+    cols = []
+    for i in range(kh):
+        for j in range(kw):
+            r0 = i * dh
+            c0 = j * dw
+            cols.append(x[:, :, r0:r0 + (out_h - 1) * sh + 1:sh, c0:c0 + (out_w - 1) * sw + 1:sw])
+    patches = ops.stack(cols, 2)  # (B, C, kh*kw, Ho, Wo)
+    patches = ops.reshape(patches, (batch, channels * kh * kw, out_h * out_w))
+    patches = ops.transpose(patches, (0, 2, 1))
+    return ops.reshape(patches, (batch * out_h * out_w, channels * kh * kw))
+
+
+def conv_a(x, kernel_size: Pair, stride: Pair, dilation: Pair, pad_mode: str, padding):
+    """Conv A from the NCHW input and the conv geometry: ``sum p p^T / (B*T)`` over the patches."""
+    patches = conv_patches(x, kernel_size, stride, dilation, pad_mode, padding)
+    return row_gram(patches, 1.0 / patches.shape[0])
+
+
+def conv_g(ds):
+    """Conv G from the NCHW dL/ds ``(B, C_out, Ho, Wo)``: ``B * sum d d^T`` over batch and positions."""
+    batch, channels = ds.shape[0], ds.shape[1]
+    rows = ops.reshape(ops.transpose(ds, (0, 2, 3, 1)), (-1, channels))
+    return row_gram(rows, batch)
+
+
+def embedding_a(flat_ids, vocab_size: int, limit):
+    """Embedding A's diagonal from the flat ids: ``counts / N`` (ids outside [0, vocab_size) not counted).
+
+    ``limit`` is ``vocab_size`` as an int32 Tensor (a graph constant).
+    """
+    ids = ops.cast(flat_ids, mstype.int32)
+    zeros = ops.zeros_like(ids)
+    valid = ops.logical_and(ops.ge(ids, zeros), ops.lt(ids, limit))
+    counts = ops.unsorted_segment_sum(ops.cast(valid, _F32), ops.select(valid, ids, zeros), vocab_size)
+    return _scale(counts, 1.0 / ids.shape[0])
+
+
+embedding_g = dense_g
+
+
+# --------------------------------------------------------------------------- the backward-pass taps
+class _FactorTap(nn.Cell):
+    """Identity on the layer's pre-activation ``s`` whose backward pass stores the factors.
+
+    ``tap(s, x, flag, a_cov, g_cov)`` returns ``s``. Its bprop receives the layer input ``x`` and
+    ``ds = dL/ds``; while ``flag`` is True it writes ``A(x)`` into ``a_cov`` and ``G(ds)`` into
+    ``g_cov`` (a non-finite value is not written) and passes ``ds`` through unchanged. The gradients
+    it returns for ``x`` and the state are zeros (``x`` reaches the tap through ``stop_gradient``; its
+    real gradient flows through the layer). Subclasses give ``_a_value(x)`` and ``_g_value(ds)``.
+    """
+
+    def add_flags_recursive(self, **flags):
+        """Ignore amp's precision flags (``to_float``): the tap casts to float32 itself, and a float16
+        flag would make PYNATIVE mode compute the factors in float16."""
+        flags = {key: value for key, value in flags.items() if key not in ("fp16", "fp32", "bf16")}
+        return super().add_flags_recursive(**flags)
+
+    def _a_value(self, x):
+        raise NotImplementedError
+
+    def _g_value(self, ds):
+        raise NotImplementedError
+
+    def construct(self, s, x, flag, a_cov, g_cov):
+        return s
+
+    def bprop(self, s, x, flag, a_cov, g_cov, out, dout):
+        if flag:
+            a_new = self._a_value(x)
+            a_new = ops.select(ops.isfinite(a_new).all(), a_new, a_cov)
+            g_new = self._g_value(dout)
+            g_new = ops.select(ops.isfinite(g_new).all(), g_new, g_cov)
+            dout = ops.depend(dout, ops.assign(a_cov, a_new))
+            dout = ops.depend(dout, ops.assign(g_cov, g_new))
+        # under amp the custom bprop sees the un-cast input s: hand its gradient back in s's dtype
+        return (ops.cast(dout, s.dtype), ops.zeros_like(x), ops.zeros_like(flag), ops.zeros_like(a_cov),
+                ops.zeros_like(g_cov))
+
+
+class DenseTap(_FactorTap):
+    """Tap of a Dense layer: :func:`dense_a`, :func:`dense_g`."""
+
+    def _a_value(self, x):
+        return dense_a(x)
+
+    def _g_value(self, ds):
+        return dense_g(ds)
+
+
+class ConvTap(_FactorTap):
+    """Tap of a Conv2d layer (NCHW, group 1): :func:`conv_a` with the layer's geometry, :func:`conv_g`."""
+
+    def __init__(self, kernel_size: Pair, stride: Pair, dilation: Pair, pad_mode: str, padding):
+        super().__init__()
+        self.kernel_size = kernel_size
+        self.stride = stride
+        self.dilation = dilation
+        self.pad_mode = pad_mode
+        self.padding = padding
+
+    def _a_value(self, x):
+        return conv_a(x, self.kernel_size, self.stride, self.dilation, self.pad_mode, self.padding)
+
+    def _g_value(self, ds):
+        return conv_g(ds)
+
+
+class EmbeddingTap(_FactorTap):
+    """Tap of an Embedding layer: :func:`embedding_a` (the diagonal of A), :func:`embedding_g`."""
+
+    def __init__(self, vocab_size: int):
+        super().__init__()
+        self.vocab_size = vocab_size
+        self.limit = Tensor(np.array(vocab_size, np.int32))
+
+    def _a_value(self, x):
+        return embedding_a(x, self.vocab_size, self.limit)
+
+    def _g_value(self, ds):
+        return embedding_g(ds)

@@ -1,0 +1,206 @@
+"""``thor()``: MindSpore's THOR factory. Validate every argument, then convert the net, then build the optimizer.
+
+Nothing else converts a net for THOR, and the optimizer (``optimizer.py``) never validates or
+converts: it receives the converted net, its THOR layers and the validated values from here. A
+refused call raises before anything is modified. Which layers THOR preconditions is decided by one
+rule, ``convert.thor_class_for`` (via ``convert.thor_candidates``), for the count, the
+``split_indices`` check and the conversion alike.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+from mindspore import Tensor, nn
+
+from ms_optim._thor.convert import ConvertNetUtils, count_thor_cells, thor_candidates, thor_class_for
+from ms_optim._thor.optimizer import ThorOptimizer
+from ms_optim._validation import (
+    check_bool,
+    check_callable,
+    check_finite,
+    check_float,
+    check_int,
+    check_non_negative,
+    check_number,
+    check_positive,
+    check_range,
+    check_tensor,
+    check_type,
+    describe,
+)
+
+__all__ = ["thor"]
+
+_NAME = "thor"
+_INT32_MAX = 2**31 - 1
+_FLOAT32_MAX = float(np.finfo(np.float32).max)
+
+
+def _check_int32(name: str, value: int) -> int:
+    """An int the optimizer stores as int32 (frequency, sizes, indices): refuse what would wrap around."""
+    if value > _INT32_MAX:
+        raise ValueError(f"For '{_NAME}', the argument '{name}' must be <= {_INT32_MAX} (it is stored as int32), "
+                         f"but got {value!r}.")
+    return value
+
+
+def _check_float32(name: str, value) -> None:
+    """A finite number that stays finite as float32 (the optimizer stores it so)."""
+    check_finite(name, value, _NAME)
+    if abs(value) > _FLOAT32_MAX:
+        raise ValueError(f"For '{_NAME}', the argument '{name}' must be a finite float32 number (magnitude <= "
+                         f"{_FLOAT32_MAX:.6g}), but got {value!r}.")
+
+
+def _check_kl_clip(kl_clip) -> None:
+    """None, or an int/float > 0 that is finite in float32."""
+    if kl_clip is None:
+        return
+    check_number("kl_clip", kl_clip, _NAME)
+    check_positive("kl_clip", kl_clip, _NAME)
+    _check_float32("kl_clip", kl_clip)
+
+
+def _check_schedule(name: str, value: Any) -> Tensor:
+    """A 0-D or non-empty 1-D Tensor of finite, non-negative numbers."""
+    check_tensor(name, value, _NAME, ndims=(0, 1))
+    if value.ndim == 1 and value.shape[0] == 0:
+        raise ValueError(f"For '{_NAME}', the argument '{name}' must not be empty, but got shape (0,).")
+    array = value.asnumpy().astype(np.float64)
+    if not np.all(np.isfinite(array)) or np.any(array < 0):
+        bad = array[~(np.isfinite(array) & (array >= 0))][0]
+        raise ValueError(f"For '{_NAME}', the argument '{name}' must hold finite values >= 0, "
+                         f"but got {float(bad)!r}.")
+    return value
+
+
+def _validate(net, learning_rate, damping, momentum, weight_decay, loss_scale, batch_size, use_nesterov,
+              decay_filter, split_indices, enable_clip_grad, frequency, inverse, block_size, kl_clip=None) -> None:
+    """Check every argument; nothing is modified."""
+    check_type("net", net, nn.Cell, _NAME, what="a Cell")
+    _check_schedule("learning_rate", learning_rate)
+    _check_schedule("damping", damping)
+    check_float("momentum", momentum, _NAME)
+    check_non_negative("momentum", momentum, _NAME)
+    _check_float32("momentum", momentum)
+    check_number("weight_decay", weight_decay, _NAME)
+    check_non_negative("weight_decay", weight_decay, _NAME)
+    _check_float32("weight_decay", weight_decay)
+    check_number("loss_scale", loss_scale, _NAME)
+    check_positive("loss_scale", loss_scale, _NAME)
+    _check_float32("loss_scale", loss_scale)
+    check_int("batch_size", batch_size, _NAME)
+    check_positive("batch_size", batch_size, _NAME)
+    _check_int32("batch_size", batch_size)
+    check_bool("use_nesterov", use_nesterov, _NAME)
+    check_callable("decay_filter", decay_filter, _NAME)
+    check_bool("enable_clip_grad", enable_clip_grad, _NAME)
+    check_int("frequency", frequency, _NAME)
+    check_range("frequency", frequency, low=2, cls_name=_NAME)
+    _check_int32("frequency", frequency)
+    if inverse not in ("blocked", "full"):
+        raise ValueError(f"For '{_NAME}', the argument 'inverse' must be 'blocked' or 'full', "
+                         f"but got {describe(inverse)}.")
+    check_int("block_size", block_size, _NAME)
+    check_positive("block_size", block_size, _NAME)
+    _check_int32("block_size", block_size)
+    _check_kl_clip(kl_clip)
+    if thor_class_for(net) is not None:
+        raise ValueError(f"For '{_NAME}', the argument 'net' must be a network Cell that contains the layers to "
+                         f"precondition, but got a bare {type(net).__name__}, which cannot be replaced in place: "
+                         f"wrap it in a Cell (e.g. nn.SequentialCell([layer])).")
+    if not net.trainable_params():
+        raise ValueError(f"For '{_NAME}', the argument 'net' must have trainable parameters, but got none.")
+    num_layers = count_thor_cells(net)
+    if num_layers == 0:
+        raise ValueError(f"For '{_NAME}', the argument 'net' must contain at least one layer THOR can "
+                         f"precondition (a trainable nn.Dense, nn.Conv2d with group 1, nn.Embedding or "
+                         f"their THOR versions), but got {type(net).__name__} with none.")
+    if split_indices is not None:
+        check_type("split_indices", split_indices, (list, tuple), _NAME, what="a list of ints or None")
+        for index in split_indices:
+            check_int("split_indices", index, _NAME)
+            if not 0 <= index < num_layers:
+                raise ValueError(f"For '{_NAME}', the argument 'split_indices' must hold layer indices in "
+                                 f"[0, {num_layers - 1}] (the net has {num_layers} THOR layers), "
+                                 f"but got {list(split_indices)!r}.")
+        if any(b <= a for a, b in zip(split_indices, split_indices[1:])):
+            raise ValueError(f"For '{_NAME}', the argument 'split_indices' must be strictly increasing, "
+                             f"but got {list(split_indices)!r}.")
+
+
+def thor(net, learning_rate, damping, momentum, weight_decay=0.0, loss_scale=1.0, batch_size=32,
+         use_nesterov=False, decay_filter=lambda x: x.name not in [], split_indices=None, enable_clip_grad=False,
+         frequency=100, *, inverse="blocked", block_size=128, kl_clip=None):
+    r"""THOR, the second-order optimizer, with the signature of MindSpore's THOR factory, on every backend.
+
+    Validates every argument first (a refused call leaves ``net`` untouched), then converts ``net``
+    in place (``nn.Dense``/``nn.Conv2d``/``nn.Embedding`` -> their THOR versions, which collect the
+    factors A and G), then returns the optimizer Cell (:class:`ThorOptimizer`). The update rule is in
+    ``ms_optim._thor.optimizer``'s docstring: on steps ``0, f, 2f, ...`` the damped inverses
+    ``(A + sqrt(damping[t]) I)^-1`` and ``(G + sqrt(damping[t]) I)^-1`` are recomputed; every step the
+    weight gradients become ``G^-1 dW A^-1``, then weight decay, optional per-tensor clipping to
+    norm 1 and momentum (``accum = m * accum + g; w -= lr[t] * accum``) follow.
+
+    Args:
+        net (Cell): the training network (converted in place).
+        learning_rate (Tensor): per-step learning rates (1-D, indexed by the step) or one 0-D value.
+        damping (Tensor): per-step damping (1-D) or one 0-D value; ``sqrt(damping)`` is added to the
+            factors' diagonals.
+        momentum (float): momentum, at least 0.0.
+        weight_decay (int, float): L2 penalty ``wd * w`` added on parameters ``decay_filter`` keeps.
+            Default: 0.0.
+        loss_scale (int, float): the static loss scale the gradients carry (divided out). G is divided
+            by the square of ``factor_loss_scale``, which starts at this value; a dynamic loss-scale
+            cell feeds the live scale with ``feed_loss_scale`` (see :class:`ThorOptimizer`).
+            Greater than 0. Default: 1.0.
+        batch_size (int): the batch size B, used by the LayerNorm rule ``g / (g^2 / B + sqrt(damping))``.
+            Default: 32.
+        use_nesterov (bool): Nesterov momentum. Default: False.
+        decay_filter (function): parameter -> bool, which parameters get weight decay.
+            Default: all of them.
+        split_indices (list[int]): data-parallel all-reduce groups of the factors, split after these
+            layer indices (strictly increasing, in [0, number of THOR layers - 1]). Default: None
+            (one group).
+        enable_clip_grad (bool): clip every preconditioned gradient to L2 norm 1. Default: False.
+        frequency (int): recompute factors and inverses every ``frequency`` steps; at least 2.
+            Default: 100.
+        inverse (str, keyword-only): ``"blocked"`` (diagonal blocks of ``block_size``, the default on
+            every device, as MindSpore's GPU and Ascend kernels) or ``"full"`` (whole-matrix inverses).
+        block_size (int, keyword-only): width of the diagonal blocks. Default: 128.
+        kl_clip (float, keyword-only): None (default: no clipping, MindSpore's THOR exactly) or ``c > 0``:
+            every step, with ``g`` the gradients (divided by the loss scale) and ``v`` the preconditioned
+            gradients of ALL trainable parameters (``v = g`` for parameters THOR does not precondition),
+            taken after preconditioning and before weight decay, clipping and momentum, every ``v`` is
+            multiplied by ``nu = min(1, sqrt(c / (lr[t]^2 * |sum v . g|)))`` (``nu = 1`` when that
+            denominator is 0 or not finite): kfac-pytorch's KL clipping (``ms_optim._thor.kl_clip``).
+
+    Returns:
+        ThorOptimizer, a ``mindspore.nn.Optimizer``.
+
+    Raises:
+        TypeError: If `learning_rate` or `damping` is not a Tensor.
+        TypeError: If `momentum` is not a float, `frequency` or `batch_size` not an int, `loss_scale`,
+            `weight_decay` or `kl_clip` (unless None) not a number, `use_nesterov` or `enable_clip_grad` not a bool,
+            `decay_filter` not callable, `split_indices` not a list of ints, `net` not a Cell.
+        ValueError: If `loss_scale`, `batch_size` or `kl_clip` is not positive.
+        ValueError: If `weight_decay` or `momentum` is less than 0.
+        ValueError: If `momentum`, `weight_decay`, `loss_scale` or `kl_clip` is NaN, infinite or beyond float32.
+        ValueError: If `frequency` is less than 2; if `frequency`, `batch_size`, `block_size` or an entry of
+            `split_indices` does not fit int32.
+        ValueError: If `learning_rate`/`damping` is empty, not 0-D/1-D, or holds a negative or
+            non-finite value; if `split_indices` is not strictly increasing valid layer indices; if
+            `net` has no layer THOR can precondition or no trainable parameter; if `net` is itself a
+            bare plain layer (``nn.Dense``, ...), which cannot be replaced in place: wrap it in a Cell.
+        ValueError (at run time): If the step runs past the end of `learning_rate` or `damping`.
+    """
+    _validate(net, learning_rate, damping, momentum, weight_decay, loss_scale, batch_size, use_nesterov, decay_filter,
+              split_indices, enable_clip_grad, frequency, inverse, block_size, kl_clip)
+    ConvertNetUtils().convert_to_thor_net(net)
+    layers = [cell for _, cell in thor_candidates(net)]  # the same rule the validation counted with
+    return ThorOptimizer(net, layers, learning_rate, damping, float(momentum), float(weight_decay), float(loss_scale),
+                         int(batch_size), bool(use_nesterov), decay_filter,
+                         list(split_indices) if split_indices is not None else None, bool(enable_clip_grad),
+                         int(frequency), inverse, int(block_size),
+                         kl_clip=None if kl_clip is None else float(kl_clip))

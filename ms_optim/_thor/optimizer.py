@@ -1,0 +1,393 @@
+r"""THOR's optimizer Cell, ``ThorOptimizer``: its state and its step (built by ``factory.thor``).
+
+One class for every device (CPU, GPU, Ascend); the device changes no code path. Built from
+``mindspore.ops`` only; a ``mindspore.nn.Optimizer`` subclass over ``net.trainable_params()``, so
+``Model``, ``TrainOneStepCell``, loss-scale cells and checkpoints work as with MindSpore's optimizers.
+
+Algorithm (one call of the optimizer is one step ``t``, its ``global_step``; ``f = frequency``;
+``lr`` and ``damping`` are 1-D Tensors indexed by ``t`` (a 0-D Tensor is the same value every step)):
+
+.. code-block:: text
+
+    g      <- grad / loss_scale                              for every trainable parameter
+    lam    <- sqrt(damping[t])
+    if t % f == 0:                                            # a "THOR step"
+        for every THOR layer l (DenseThor, Conv2dThor, EmbeddingThor, in cells_and_names() order):
+            A_l <- layer.matrix_a_cov                         # collected by the layer this step
+            G_l <- layer.matrix_g_cov / factor_loss_scale**2    # the scale of THIS step's backward
+        (A, G) <- FactorAllReduce(A), FactorAllReduce(G)      # mean over data-parallel ranks
+        Ainv_l <- blockdiag_k (A_l,k + lam I)^-1              # 128-wide diagonal blocks (last smaller),
+        Ginv_l <- blockdiag_k (G_l,k + lam I)^-1              # or the whole matrix (inverse="full")
+        (embedding: Ainv_l <- 1 / (a_l + lam), a_l the diagonal of A)
+    (other steps reuse the stored Ainv, Ginv: no factor work at all)
+    Dense/Conv2d weight:   g <- Ginv g Ainv                   (conv weight as out x (in*kh*kw))
+    Embedding table:       g <- diag(Ainv) g Ginv
+    nn.LayerNorm gamma/beta: g <- g / (g^2 / batch_size + lam)
+    everything else (biases, BatchNorm, ...): g unchanged
+    if kl_clip is not None: g <- nu * g for every parameter    # KL clipping, ms_optim._thor.kl_clip
+    if weight_decay > 0:   g <- g + weight_decay * w           where decay_filter(w)
+    if enable_clip_grad:   g <- g / max(||g||_2, 1)            per tensor
+    accum <- momentum * accum + g
+    w     <- w - lr[t] * accum                                 (Nesterov: w <- w - lr[t] * (g + momentum * accum))
+    t     <- t + 1;  every layer's thor_flag <- (t % f == 0)   # the layers collect A, G on the next step
+
+The ``thor_flag`` write is the schedule contract between this optimizer and the layers; it is
+explained once, in ``ms_optim._thor`` ("The schedule").
+
+Loss scaling and G. A layer stores G from the gradient as it reaches the layer, i.e. multiplied by
+the loss scale s of that backward pass, so G carries s**2. The optimizer divides it by the square of
+``factor_loss_scale``, a non-trainable float32 Parameter (shape ()) holding the scale used in the
+current backward pass; it starts at ``loss_scale`` (right for no scaling and for
+``FixedLossScaleManager(drop_overflow_update=False)``, where ``TrainOneStepCell`` gets
+``sens = loss_scale``). A loss-scale cell whose scale changes (``DynamicLossScaleManager``) must
+feed the scale the gradients of this step were multiplied by, before the optimizer runs and before
+the manager updates it: inside its ``construct``, ``optimizer.feed_loss_scale(scale)`` (an
+``ops.assign``; ``ModelThor``'s loss-scale cell does it). MindSpore's own
+``TrainOneStepWithLossScaleCell`` does not: with it the optimizer keeps ``loss_scale``, right only
+while the live scale equals it (that cell does not run on CPU in MindSpore 2.10 anyway).
+
+An inverse is accepted only if finite and accurate (see ``ms_optim._thor.preconditioner``); a
+rejected factor keeps the layer's previous inverse (the identity before the first accepted one),
+so a singular or non-finite factor never puts NaN into the parameters.
+"""
+from __future__ import annotations
+
+from typing import Callable, List, Optional, Sequence, Tuple
+
+import mindspore.common.dtype as mstype
+import numpy as np
+from mindspore import Parameter, ParameterTuple, Tensor, jit, nn, ops
+from mindspore.nn.optim.optimizer import Optimizer
+from mindspore.ops import composite as C
+from mindspore.ops import functional as F
+from mindspore.ops import operations as P
+
+from ms_optim._thor import preconditioner as pc
+from ms_optim._thor.kl_clip import apply_kl_clip
+from ms_optim._thor.layers import ThorLayer
+from ms_optim._thor.parallel import FactorAllReduce
+from ms_optim.optim._base import check_schedule_length
+
+__all__ = ["ThorOptimizer", "LayerSlot"]
+
+_NAME = "thor"
+
+# per-parameter treatment codes (Python constants: GRAPH_MODE unrolls the per-parameter loop)
+_PLAIN = 0
+_MATRIX = 1       # Dense / Conv2d weight: Ginv g Ainv
+_EMBEDDING = 2    # embedding table: diag(Ainv) g Ginv
+_LAYERNORM = 3    # LayerNorm gamma/beta
+
+_apply_decay = C.MultitypeFuncGraph("thor_apply_decay")
+_clip_to_unit_norm = C.MultitypeFuncGraph("thor_clip_to_unit_norm")
+_momentum_step = C.MultitypeFuncGraph("thor_momentum_step")
+_nesterov_step = C.MultitypeFuncGraph("thor_nesterov_step")
+
+
+@_apply_decay.register("Tensor", "Bool", "Tensor", "Tensor")
+def _apply_decay_tensor(weight_decay, decay, weight, gradient):
+    """g + wd * w where the decay filter keeps the parameter."""
+    if decay:
+        return gradient + weight_decay * ops.cast(weight, F.dtype(gradient))
+    return gradient
+
+
+@_clip_to_unit_norm.register("Tensor")
+def _clip_to_unit_norm_tensor(gradient):
+    """Per-tensor clip to L2 norm 1: g / max(||g||, 1)."""
+    norm = ops.sqrt(ops.reduce_sum(ops.square(ops.cast(gradient, mstype.float32))))
+    scale = ops.cast(ops.reciprocal(ops.maximum(norm, 1.0)), F.dtype(gradient))
+    return gradient * scale
+
+
+@_momentum_step.register("Function", "Tensor", "Tensor", "Tensor", "Tensor", "Tensor")
+def _momentum_step_tensor(opt, momentum, learning_rate, gradient, weight, moment):
+    """accum = m * accum + g; w -= lr * accum (the fused ApplyMomentum kernel)."""
+    return F.depend(True, opt(weight, moment, learning_rate, gradient, momentum))
+
+
+@_nesterov_step.register("Tensor", "Tensor", "Tensor", "Tensor", "Tensor")
+def _nesterov_step_tensor(momentum, learning_rate, gradient, weight, moment):
+    """accum = m * accum + g; w -= lr * (g + m * accum).
+
+    Written out because ``ApplyMomentum(use_nesterov=True)``'s CPU kernel in MindSpore 2.10 ignores
+    the flag (it performs the plain momentum update).
+    """
+    gradient = ops.cast(gradient, F.dtype(moment))
+    accum = momentum * moment + gradient
+    done = ops.assign(moment, accum)
+    update = ops.cast(learning_rate * (gradient + momentum * accum), F.dtype(weight))
+    return F.depend(True, F.depend(ops.assign_sub(weight, update), done))
+
+
+# ----------------------------------------------------------------------------------- per-layer slot
+class LayerSlot(nn.Cell):
+    """Everything the optimizer keeps about THOR layer ``index``, read by GRAPH_MODE as constants.
+
+    * ``kind`` (``"dense"``/``"conv"``/``"embedding"``) and ``is_embedding``;
+    * ``grad_index``: position of the layer's weight among the optimizer's parameters (the gradient
+      the factor read waits for: the backward pass has stored the factors by then);
+    * ``a_layout`` / ``g_layout``: the ``BlockLayout`` of A (None for an embedding's diagonal A)
+      and of G; ``a_geom`` / ``g_geom``: their ``(n, nblocks, bs)``; ``a_eye``, ``a_pad_eye``,
+      ``g_eye``, ``g_pad_eye``: their constant identity blocks and pad masks;
+    * ``a_inv`` / ``g_inv``: the stored inverses, Parameters ``matrix_a_inv_blocks_<index>`` /
+      ``matrix_g_inv_blocks_<index>`` (initially the identity).
+    """
+
+    def __init__(self, index: int, layer: ThorLayer, grad_index: int, block_size: Optional[int]):
+        super().__init__(auto_prefix=False)  # keep the inverses' names as they are (checkpoints)
+        self.kind = layer.kind
+        self.is_embedding = layer.kind == "embedding"
+        self.grad_index = int(grad_index)
+        self.g_layout = pc.BlockLayout(int(layer.g_dim), block_size)
+        self.g_geom = (self.g_layout.n, self.g_layout.nblocks, self.g_layout.bs)
+        self.g_eye = self.g_layout.eye
+        self.g_pad_eye = self.g_layout.pad_eye
+        self.g_inv = Parameter(Tensor(pc.identity_blocks(self.g_layout)), name=f"matrix_g_inv_blocks_{index}",
+                               requires_grad=False)
+        if self.is_embedding:
+            self.a_layout = None
+            self.a_geom = (0, 0, 0)
+            self.a_eye = self.a_pad_eye = Tensor(np.zeros((1,), np.float32))  # unused
+            a_inv = np.ones((int(layer.a_dim),), np.float32)
+        else:
+            self.a_layout = pc.BlockLayout(int(layer.a_dim), block_size)
+            self.a_geom = (self.a_layout.n, self.a_layout.nblocks, self.a_layout.bs)
+            self.a_eye = self.a_layout.eye
+            self.a_pad_eye = self.a_layout.pad_eye
+            a_inv = pc.identity_blocks(self.a_layout)
+        self.a_inv = Parameter(Tensor(a_inv), name=f"matrix_a_inv_blocks_{index}", requires_grad=False)
+
+
+# ----------------------------------------------------------------------------------- the optimizer
+class ThorOptimizer(Optimizer):
+    r"""THOR's optimizer Cell (built by ``ms_optim._thor.factory.thor``; the update rule is in the module docstring).
+
+    Public attributes (stable; ``ModelThor`` and the benchmarks rely on them):
+
+    * ``frequency`` (int) and ``get_frequency()``; ``global_step`` (int32 Parameter, shape (1,)): the
+      step t; t is a THOR step iff ``t % frequency == 0``;
+    * ``thor_cells`` (tuple of ``ThorLayer``), in ``net.cells_and_names()`` order; ``num_layers``;
+      ``slots`` (``nn.CellList`` of :class:`LayerSlot`, one per layer: its constants and inverses);
+    * ``matrix_a_inv`` / ``matrix_g_inv`` (ParameterTuples, names ``matrix_a_inv_blocks_<i>`` /
+      ``matrix_g_inv_blocks_<i>``): the stored inverses, ``(nblocks, bs, bs)`` (embedding A:
+      ``(vocab,)``); ``a_layouts`` / ``g_layouts``: their ``BlockLayout``\ s. (MindSpore calls its
+      inverses ``matrix_a_inv_<i>`` with other, device-specific shapes -- 4-D on GPU, float16
+      fractal blocks on Ascend; distinct names let a MindSpore THOR checkpoint load here without a
+      shape clash: its inverses are skipped and recomputed on the next THOR step.)
+    * ``factor_loss_scale`` (float32 Parameter, shape ()): the loss scale of the current backward
+      pass, G is divided by its square; ``feed_loss_scale(scale)`` writes it (see the module
+      docstring, "Loss scaling and G");
+    * ``moments`` (``moments.<param name>``), ``momentum`` (Parameter), ``learning_rate`` (as
+      ``nn.Optimizer``), ``damping`` (float32 Tensor), ``loss_scale``, ``batch_size``,
+      ``weight_decay`` (float), ``decay_flags``, ``use_nesterov``, ``enable_clip_grad``,
+      ``inverse`` (``"blocked"``/``"full"``), ``block_size``, ``split_indices``, ``kl_clip`` (float or None).
+    """
+
+    def __init__(self, net: nn.Cell, layers: Sequence[ThorLayer], learning_rate: Tensor, damping: Tensor,
+                 momentum: float, weight_decay: float, loss_scale: float, batch_size: int, use_nesterov: bool,
+                 decay_filter: Callable, split_indices: Optional[List[int]], enable_clip_grad: bool, frequency: int,
+                 inverse: str, block_size: int, kl_clip: Optional[float] = None):
+        super().__init__(learning_rate, net.trainable_params(), 0.0, loss_scale)
+        self.frequency = frequency
+        self.batch_size = batch_size
+        self.use_nesterov = use_nesterov
+        self.enable_clip_grad = enable_clip_grad
+        self.inverse = inverse
+        self.block_size = block_size
+        self.split_indices = split_indices
+        self.kl_clip = kl_clip
+        self.kl_clip_tensor = Tensor(kl_clip if kl_clip is not None else 0.0, mstype.float32)
+        self.momentum = Parameter(Tensor(momentum, mstype.float32), name="momentum")
+        self.moments = self._parameters.clone(prefix="moments", init="zeros")
+        self.opt = P.ApplyMomentum()
+
+        # weight decay: our own flags (nn.Optimizer's default filter would skip 'beta'/'gamma')
+        self.weight_decay = weight_decay
+        self.apply_weight_decay = self.weight_decay > 0
+        self.decay_flags = tuple(bool(decay_filter(p)) for p in self._parameters)
+        self.weight_decay_tensor = Tensor(self.weight_decay, mstype.float32)
+        self.exec_weight_decay = False  # nn.Optimizer's own decay path stays off
+
+        # learning rate / damping schedules and their lengths (None: a 0-D Tensor, no end)
+        self.lr_steps = int(learning_rate.shape[0]) if learning_rate.ndim == 1 else None
+        self.damping = Tensor(damping.asnumpy().astype(np.float32).reshape(-1))
+        self.damping_steps = int(damping.shape[0]) if damping.ndim == 1 else None
+        self.damping_is_scalar = damping.ndim == 0
+
+        self.thor_cells = tuple(layers)
+        self.num_layers = len(self.thor_cells)
+        self._map_parameters(net)
+        self.matrix_a_inv = ParameterTuple([slot.a_inv for slot in self.slots])
+        self.matrix_g_inv = ParameterTuple([slot.g_inv for slot in self.slots])
+        self.matrix_a_cov = ParameterTuple([layer.matrix_a_cov for layer in self.thor_cells])
+        self.matrix_g_cov = ParameterTuple([layer.matrix_g_cov for layer in self.thor_cells])
+        self.thor_flags = ParameterTuple([layer.thor_flag for layer in self.thor_cells])
+        self.reduce_a = FactorAllReduce(self.num_layers, self.split_indices)
+        self.reduce_g = FactorAllReduce(self.num_layers, self.split_indices)
+        self.factor_loss_scale = Parameter(Tensor(loss_scale, mstype.float32), name="factor_loss_scale",
+                                           requires_grad=False)
+        self.frequency_tensor = Tensor([self.frequency], mstype.int32)
+        self.zero_step = Tensor([0], mstype.int32)
+        self.one_step = Tensor([1], mstype.int32)
+        self.lr_steps_tensor = Tensor(self.lr_steps or 0, mstype.int32)
+        self.damping_steps_tensor = Tensor(self.damping_steps or 0, mstype.int32)
+        self.sync_thor_flags()
+
+    @property
+    def a_layouts(self) -> Tuple[Optional[pc.BlockLayout], ...]:
+        """The ``BlockLayout`` of every layer's A (None for an embedding's diagonal A)."""
+        return tuple(slot.a_layout for slot in self.slots)
+
+    @property
+    def g_layouts(self) -> Tuple[pc.BlockLayout, ...]:
+        """The ``BlockLayout`` of every layer's G."""
+        return tuple(slot.g_layout for slot in self.slots)
+
+    def _map_parameters(self, net: nn.Cell) -> None:
+        """Per trainable parameter: how its gradient is treated and which layer it belongs to; one
+        ``LayerSlot`` per THOR layer (``self.slots``)."""
+        role = {}
+        for i, layer in enumerate(self.thor_cells):
+            role[id(layer.weight_param())] = (_EMBEDDING if layer.kind == "embedding" else _MATRIX, i)
+        for _, cell in net.cells_and_names():
+            if isinstance(cell, nn.LayerNorm):
+                for param in (cell.gamma, cell.beta):
+                    role.setdefault(id(param), (_LAYERNORM, -1))
+        kinds, owners = [], []
+        grad_index = [0] * self.num_layers
+        for j, param in enumerate(self._parameters):
+            kind, owner = role.get(id(param), (_PLAIN, -1))
+            if owner >= 0:
+                grad_index[owner] = j
+            kinds.append(kind)
+            owners.append(owner)
+        self.param_kinds = tuple(kinds)
+        self.param_layers = tuple(owners)
+        block = self.block_size if self.inverse == "blocked" else None
+        self.slots = nn.CellList([LayerSlot(i, layer, grad_index[i], block) for i, layer in enumerate(self.thor_cells)],
+                                 auto_prefix=False)
+
+    # ------------------------------------------------------------------ public helpers
+    def get_frequency(self) -> int:
+        """The THOR frequency f: A, G and their inverses are recomputed on steps 0, f, 2f, ..."""
+        return self.frequency
+
+    def sync_thor_flags(self) -> None:
+        """Set every layer's ``thor_flag`` to ``global_step % frequency == 0`` (host side).
+
+        Called when the optimizer is built; call it after loading a checkpoint that holds the
+        optimizer's ``global_step`` but not the net's flags (a checkpoint of the whole training
+        cell holds both and needs nothing).
+        """
+        step = int(self.global_step.asnumpy().reshape(-1)[0])
+        value = Tensor(np.array(step % self.frequency == 0))
+        for flag in self.thor_flags:
+            ops.assign(flag, value)  # in place: a compiled graph ignores set_data on Parameters it writes
+
+    def feed_loss_scale(self, scale):
+        """Write the loss scale this step's gradients (and so the layers' G) were multiplied by.
+
+        Call it from a loss-scale training cell's ``construct``, with the scale read BEFORE the
+        loss-scale manager updates it, and order it before the optimizer call (e.g.
+        ``grads = ops.depend(grads, optimizer.feed_loss_scale(scale))``). ``scale``: a Tensor of
+        shape () or (1,). Returns the result of the ``ops.assign``.
+        """
+        value = ops.cast(ops.reshape(scale, ()), mstype.float32)
+        return ops.assign(self.factor_loss_scale, value)
+
+    # ------------------------------------------------------------------ the step
+    def _check_schedules(self, step):
+        """The shared end-of-schedule check (``check_schedule_length``) for each 1-D Tensor."""
+        if self.lr_steps is not None:
+            step = check_schedule_length(_NAME, "learning_rate", self.lr_steps, self.lr_steps_tensor, step)
+        if self.damping_steps is not None:
+            step = check_schedule_length(_NAME, "damping", self.damping_steps, self.damping_steps_tensor, step)
+        return step
+
+    def _damping_at(self, step):
+        if self.damping_is_scalar:
+            return ops.reshape(self.damping, ())
+        return ops.reshape(ops.gather(self.damping, step, 0), ())
+
+    def _refresh_inverses(self, gradients, lam):
+        """THOR step: read the layers' factors, all-reduce, invert (damped, blocked), store."""
+        a_factors = ()
+        g_factors = ()
+        g_unscale = ops.reciprocal(ops.square(self.factor_loss_scale))
+        for i in range(self.num_layers):
+            anchor = gradients[self.slots[i].grad_index]
+            a_factors += (ops.depend(self.matrix_a_cov[i], anchor),)
+            g_factors += (ops.depend(self.matrix_g_cov[i], anchor) * g_unscale,)
+        a_factors = self.reduce_a(a_factors)
+        g_factors = self.reduce_g(g_factors)
+        done = ()
+        for i in range(self.num_layers):
+            slot = self.slots[i]
+            if slot.is_embedding:
+                new_a = pc.damped_diagonal_inverse(a_factors[i], lam)
+                ok_a = ops.all(ops.isfinite(new_a))
+            else:
+                geom = slot.a_geom
+                blocks = pc.damped_blocks(a_factors[i], lam, geom[0], geom[1], geom[2], slot.a_eye, slot.a_pad_eye)
+                new_a = pc.invert_blocks(blocks)
+                ok_a = pc.accept_inverse(blocks, new_a, slot.a_eye)
+            geom = slot.g_geom
+            blocks = pc.damped_blocks(g_factors[i], lam, geom[0], geom[1], geom[2], slot.g_eye, slot.g_pad_eye)
+            new_g = pc.invert_blocks(blocks)
+            ok_g = pc.accept_inverse(blocks, new_g, slot.g_eye)
+            done += (ops.assign(slot.a_inv, ops.select(ok_a, new_a, slot.a_inv)),)
+            done += (ops.assign(slot.g_inv, ops.select(ok_g, new_g, slot.g_inv)),)
+        return F.depend(gradients, done)
+
+    def _precondition(self, gradients, lam):
+        """Apply the stored inverses (Dense/Conv/Embedding) and the LayerNorm rule; others unchanged."""
+        new_grads = ()
+        for j in range(self.param_length):
+            g = gradients[j]
+            kind = self.param_kinds[j]
+            i = self.param_layers[j]
+            if kind == _MATRIX:
+                shape = g.shape
+                g2 = ops.reshape(ops.cast(g, mstype.float32), (shape[0], -1))
+                g2 = pc.precondition_matrix(g2, self.slots[i].g_inv, self.slots[i].a_inv, self.slots[i].g_geom,
+                                            self.slots[i].a_geom)
+                g = ops.cast(ops.reshape(g2, shape), F.dtype(g))
+            elif kind == _EMBEDDING:
+                g32 = ops.cast(g, mstype.float32)
+                g = ops.cast(pc.precondition_embedding(g32, self.slots[i].a_inv, self.slots[i].g_inv,
+                                                       self.slots[i].g_geom), F.dtype(g))
+            elif kind == _LAYERNORM:
+                g = pc.precondition_layernorm(g, lam, float(self.batch_size))
+            new_grads += (g,)
+        return new_grads
+
+    @jit(backend="ms_backend")
+    def construct(self, gradients):
+        params = self._parameters
+        gradients = self.scale_grad(gradients)
+        step = self._check_schedules(self.global_step)
+        lam = ops.sqrt(self._damping_at(step))
+        next_flag = ops.reshape(ops.equal(ops.floor_mod(step + self.one_step, self.frequency_tensor),
+                                          self.zero_step), ())
+        if ops.all(ops.equal(ops.floor_mod(step, self.frequency_tensor), self.zero_step)):
+            gradients = self._refresh_inverses(gradients, lam)
+        raw_gradients = gradients
+        gradients = self._precondition(gradients, lam)
+        if self.kl_clip is not None:
+            gradients = apply_kl_clip(gradients, raw_gradients, self.get_lr(), self.kl_clip_tensor)
+        if self.apply_weight_decay:
+            gradients = self.hyper_map(F.partial(_apply_decay, self.weight_decay_tensor), self.decay_flags,
+                                       params, gradients)
+        if self.enable_clip_grad:
+            gradients = self.hyper_map(_clip_to_unit_norm, gradients)
+        lr = self.get_lr()
+        if self.use_nesterov:
+            success = self.hyper_map(F.partial(_nesterov_step, self.momentum, lr), gradients, params, self.moments)
+        else:
+            success = self.hyper_map(F.partial(_momentum_step, self.opt, self.momentum, lr), gradients, params,
+                                     self.moments)
+        success = F.depend(success, self.assignadd(self.global_step, self.global_step_increase_tensor))
+        for i in range(self.num_layers):
+            success = F.depend(success, ops.assign(self.thor_flags[i], next_flag))
+        return success
