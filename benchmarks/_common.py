@@ -7,6 +7,7 @@ meaningful on a busy machine; medians ignore the occasional slow call.
 from __future__ import annotations
 
 import datetime as _dt
+import importlib
 import json
 import os
 import platform
@@ -73,8 +74,9 @@ def copy_floor(n_values: int, threads: Optional[int] = None) -> Callable[[], Non
     Timing it gives the memory-bandwidth floor of work that must read and write that much: a
     single-threaded copy does not saturate memory on every machine, multi-threaded kernels would
     then beat a "floor"."""
-    import numpy as np
     from concurrent.futures import ThreadPoolExecutor
+
+    import numpy as np
 
     threads = max(1, threads or os.cpu_count() or 1)
     src = np.ones(n_values, np.float32)
@@ -102,7 +104,7 @@ def machine_info() -> Dict[str, Any]:
         pass
     for module in ("numpy", "mindspore"):
         try:
-            info[module] = __import__(module).__version__
+            info[module] = importlib.import_module(module).__version__
         except ImportError:  # pragma: no cover
             info[module] = None
     return info

@@ -36,13 +36,16 @@ from typing import Dict, List
 
 import numpy as np
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-REPO = os.path.dirname(HERE)
-sys.path.insert(0, HERE)  # _common
-sys.path.append(REPO)  # ms_optim from a checkout when it is not installed
-sys.path.insert(0, os.path.join(REPO, "model_zoo", "resnet"))  # src.resnet
+# Bootstrap, identical in every benchmark (model_zoo/README.md, "Imports"): run as a file, this folder
+# would be sys.path[0] and its modules importable under bare names; the repository root takes its
+# place, so each module has one name (benchmarks._common, model_zoo....) and a checkout's ms_optim wins.
+if not __package__:
+    _HERE = os.path.dirname(os.path.abspath(__file__))
+    if sys.path and os.path.abspath(sys.path[0] or os.curdir) == _HERE:
+        del sys.path[0]
+    sys.path.insert(0, os.path.dirname(_HERE))
 
-from _common import RESULTS_DIR, bar_plot, write_json  # noqa: E402
+from benchmarks._common import RESULTS_DIR, bar_plot, write_json  # noqa: E402
 
 PUBLISHED_MS_PER_STEP = {"Ascend 910 (MindSpore zoo, ResNet-50 THOR, batch 32)": 20.4,
                          "GPU (issue 4's published THOR figure, ResNet-50, batch 32)": 76.0}
@@ -90,7 +93,8 @@ def build_step(work: Dict, optimizer: str):
     import mindspore as ms
     from mindspore import Tensor
     from mindspore import nn as ms_nn
-    from src.resnet import build_resnet
+
+    from model_zoo.resnet.src.resnet import build_resnet
 
     ms.set_seed(1)
     net = build_resnet(work["name"], class_num=work["classes"], width=work["width"], stem=work["stem"])

@@ -27,10 +27,22 @@ from typing import Callable, Dict, List
 
 import numpy as np
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the repo, for ms_optim
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # _common
+# Bootstrap, identical in every benchmark (model_zoo/README.md, "Imports"): run as a file, this folder
+# would be sys.path[0] and its modules importable under bare names; the repository root takes its
+# place, so each module has one name (benchmarks._common, model_zoo....) and a checkout's ms_optim wins.
+if not __package__:
+    _HERE = os.path.dirname(os.path.abspath(__file__))
+    if sys.path and os.path.abspath(sys.path[0] or os.curdir) == _HERE:
+        del sys.path[0]
+    sys.path.insert(0, os.path.dirname(_HERE))
 
-from _common import RESULTS_DIR, bar_plot, copy_floor, interleaved_medians, write_json  # noqa: E402
+from benchmarks._common import (  # noqa: E402
+    RESULTS_DIR,
+    bar_plot,
+    copy_floor,
+    interleaved_medians,
+    write_json,
+)
 
 # Parameter-sized float32 arrays each update must read plus write at the least:
 #   Momentum: read w, g, m; write w, m.
@@ -67,7 +79,6 @@ def parse_args(argv: List[str] = None) -> argparse.Namespace:
 
 def build_candidates(n_tensors: int, size: int, only=None, floor_threads=None) -> Dict[str, Callable[[], object]]:
     """One optimizer per candidate, each with its own parameters, all fed the same gradients."""
-    import mindspore as ms
     from mindspore import Parameter, Tensor, nn
 
     from ms_optim.optim.asgd import ASGD

@@ -35,13 +35,16 @@ import os
 import sys
 from typing import Dict, List, Optional
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-ROOT = os.path.dirname(HERE)
-for path in (ROOT, HERE):
-    if path not in sys.path:
-        sys.path.insert(0, path)
+# Bootstrap, identical in every benchmark (model_zoo/README.md, "Imports"): run as a file, this folder
+# would be sys.path[0] and its modules importable under bare names; the repository root takes its
+# place, so each module has one name (benchmarks._common, model_zoo....) and a checkout's ms_optim wins.
+if not __package__:
+    _HERE = os.path.dirname(os.path.abspath(__file__))
+    if sys.path and os.path.abspath(sys.path[0] or os.curdir) == _HERE:
+        del sys.path[0]
+    sys.path.insert(0, os.path.dirname(_HERE))
 
-from _common import RESULTS_DIR, bar_plot, interleaved_medians, write_json  # noqa: E402
+from benchmarks._common import RESULTS_DIR, bar_plot, interleaved_medians, write_json  # noqa: E402
 
 TARGETS = {"non_thor_vs_momentum": 1.15, "amortised_f100_vs_momentum": 1.3, "tta_thor_vs_best_momentum": 0.7}
 MOMENTUM_LRS = (0.01, 0.03, 0.1, 0.3)
@@ -59,20 +62,22 @@ def _build_net(name: str, stem: str):
 
 
 def _copy_weights(src, dst) -> None:
+    from mindspore import Tensor
+
     values = {p.name: p.asnumpy() for p in src.get_parameters()}
     for p in dst.get_parameters():
         if p.name in values:
-            p.set_data(__import__("mindspore").Tensor(values[p.name]))
+            p.set_data(Tensor(values[p.name]))
 
 
 def step_benchmark(net_name: str, batch: int, repeats: int, warmup: int, stem: str) -> Dict:
     """Time Momentum and THOR steps (and the THOR step's parts) on one net; return medians and ratios."""
-    import numpy as np
     import mindspore as ms
+    import numpy as np
     from mindspore import Tensor, nn
 
+    from ms_optim._thor.layers import ThorLayer
     from ms_optim.nn import thor
-    from ms_optim.thor.layers import ThorLayer
 
     ms.set_context(mode=ms.GRAPH_MODE, device_target="CPU")
     ms.set_seed(0)
@@ -149,7 +154,8 @@ def tta_benchmark(epochs: int, max_seconds: float, eval_every: int, target: floa
     runs = []
     plan = [("thor", None)] + [("momentum", lr) for lr in lrs]
     for name, lr in plan:
-        result = run(name, epochs=thor_epochs if name == "thor" else epochs, lr=lr, seed=seed, eval_every=eval_every, target=target,
+        result = run(name, epochs=thor_epochs if name == "thor" else epochs, lr=lr, seed=seed,
+                     eval_every=eval_every, target=target,
                      stop_at_target=True, quiet=True, max_seconds=max_seconds)
         hit = result["seconds_to_target"]
         print(f"  {name:9s} lr {result['lr']:<5g} -> {'not reached' if hit is None else f'{hit:.1f}s'} "
@@ -174,7 +180,8 @@ def tta_benchmark(epochs: int, max_seconds: float, eval_every: int, target: floa
     if best is not None and thor_run["seconds_to_target"] is not None:
         extra = {"tta_after_first_measurement_ratio": after_first(thor_run) / after_first(best),
                  "steps_to_target_ratio": steps_to(thor_run) / steps_to(best)}
-    return {**extra, "target": target, "epochs_cap": epochs, "thor_epochs": thor_epochs, "seconds_cap": max_seconds, "eval_every": eval_every,
+    return {**extra, "target": target, "epochs_cap": epochs, "thor_epochs": thor_epochs, "seconds_cap": max_seconds,
+            "eval_every": eval_every,
             "seed": seed, "thor_seconds": thor_run["seconds_to_target"],
             "best_momentum_lr": best["lr"] if best else None,
             "best_momentum_seconds": best["seconds_to_target"] if best else None,
@@ -235,8 +242,10 @@ def main(argv: Optional[List[str]] = None) -> int:
             print(f"step time: {name} (batch 32, GRAPH_MODE, {repeats} interleaved rounds)", flush=True)
             res = step_benchmark(name, 32, repeats, 1 if args.quick else 2, args.stem)
             t = res["timings_ms"]
-            print(f"  momentum {t['momentum']['median_ms']:.1f} ms | THOR non-THOR step {t['non_thor']['median_ms']:.1f} ms "
-                  f"({res['non_thor_vs_momentum']:.2f}x, target <= 1.15) | THOR step {t['thor_step']['median_ms']:.1f} ms "
+            print(f"  momentum {t['momentum']['median_ms']:.1f} ms | "
+                  f"THOR non-THOR step {t['non_thor']['median_ms']:.1f} ms "
+                  f"({res['non_thor_vs_momentum']:.2f}x, target <= 1.15) | "
+                  f"THOR step {t['thor_step']['median_ms']:.1f} ms "
                   f"| amortised f=100 {res['amortised_f100_ms']:.1f} ms ({res['amortised_f100_vs_momentum']:.2f}x, "
                   f"target <= 1.3)", flush=True)
             split = res["thor_step_split_ms"]

@@ -1,8 +1,10 @@
 """Masked-LM pretraining data from plain text files, with a WordPiece vocabulary.
 
 Tokenisation uses HuggingFace ``tokenizers`` (``pip install tokenizers``; part of ms_optim's
-``examples`` extra): :func:`train_vocab` learns a WordPiece vocabulary from the text files and writes
-``vocab.txt`` (the BERT format, usable by any BERT tokenizer); :func:`load_tokenizer` reads one.
+``examples`` extra): :func:`learn_tokenizer` learns a WordPiece vocabulary from the text files in
+memory, :func:`save_vocab` writes it as ``vocab.txt`` (the BERT format, usable by any BERT tokenizer),
+:func:`train_vocab` does both; :func:`load_tokenizer` reads one. Bad input raises ``ValueError`` or
+``FileNotFoundError`` naming the file.
 
 Examples: the whole corpus is tokenised into one stream, cut into segments of ``seq_length - 2``
 tokens and framed as ``[CLS] segment [SEP]`` (the last segment padded). Every epoch masks afresh, as
@@ -18,7 +20,8 @@ from typing import List, Sequence
 
 import numpy as np
 
-__all__ = ["COLUMNS", "train_vocab", "load_tokenizer", "tokenize_corpus", "MaskedLMSource", "create_dataset"]
+__all__ = ["COLUMNS", "learn_tokenizer", "save_vocab", "train_vocab", "load_tokenizer", "tokenize_corpus",
+           "MaskedLMSource", "create_dataset"]
 
 COLUMNS = ["input_ids", "input_mask", "token_type_ids", "masked_lm_positions", "masked_lm_ids",
            "masked_lm_weights"]
@@ -44,15 +47,26 @@ def _check_files(files: Sequence[str]) -> List[str]:
     return files
 
 
-def train_vocab(files: Sequence[str], out_dir: str, vocab_size: int = 30522, min_frequency: int = 2,
-                lowercase: bool = True) -> str:
-    """Learn a WordPiece vocabulary from ``files``; write ``out_dir/vocab.txt`` and return its path."""
+def learn_tokenizer(files: Sequence[str], vocab_size: int = 30522, min_frequency: int = 2,
+                    lowercase: bool = True):
+    """A WordPiece tokenizer whose vocabulary is learned from ``files`` (in memory; nothing written)."""
     files = _check_files(files)
     tokenizer = _tokenizer_class()(lowercase=lowercase)
     tokenizer.train(files, vocab_size=vocab_size, min_frequency=min_frequency, special_tokens=SPECIAL_TOKENS,
                     show_progress=False)
+    return tokenizer
+
+
+def save_vocab(tokenizer, out_dir: str) -> str:
+    """Write the tokenizer's vocabulary as ``out_dir/vocab.txt`` (directory created); returns its path."""
     os.makedirs(out_dir, exist_ok=True)
     return tokenizer.save_model(out_dir)[0]
+
+
+def train_vocab(files: Sequence[str], out_dir: str, vocab_size: int = 30522, min_frequency: int = 2,
+                lowercase: bool = True) -> str:
+    """Learn a WordPiece vocabulary from ``files``; write ``out_dir/vocab.txt`` and return its path."""
+    return save_vocab(learn_tokenizer(files, vocab_size, min_frequency, lowercase), out_dir)
 
 
 def load_tokenizer(vocab_file: str, lowercase: bool = True):
@@ -72,8 +86,12 @@ def tokenize_corpus(files: Sequence[str], tokenizer, seq_length: int) -> np.ndar
         raise ValueError(f"seq_length must be >= 4, but got {seq_length}")
     stream: List[int] = []
     for path in _check_files(files):
-        with open(path, encoding="utf-8") as handle:
-            lines = [line.strip() for line in handle if line.strip()]
+        try:
+            with open(path, encoding="utf-8") as handle:
+                lines = [line.strip() for line in handle if line.strip()]
+        except UnicodeDecodeError as exc:
+            raise ValueError(f"text file {path} is not UTF-8 (byte {exc.object[exc.start]:#04x} at offset "
+                             f"{exc.start})") from None
         for encoding in tokenizer.encode_batch(lines, add_special_tokens=False):
             stream.extend(encoding.ids)
     if not stream:

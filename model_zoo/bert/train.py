@@ -7,8 +7,14 @@ Lamb: decoupled weight decay on every weight but biases and LayerNorm, learning 
 linearly then decayed linearly to 0 (a per-step ``Tensor``). THOR: ``ms_optim.nn.thor`` converts the
 embeddings to ``EmbeddingThor`` and every dense layer to ``DenseThor``; LayerNorm gamma/beta get THOR's
 diagonal rule; the model goes through ``ConvertModelUtils.convert_to_thor_model`` and trains with the
-THOR model's data-sink loop. Training prints one progress line per sink (or step), saves checkpoints
-into ``--output-dir`` and a final one at the end.
+THOR model's data-sink loop. Training prints progress lines (every ``--log-interval`` steps, or once
+per sink, and per epoch: loss, step, elapsed seconds, tokens/s), saves checkpoints of the network and
+the optimizer state into ``--output-dir`` and the network's final one at the end.
+
+Bad input (a missing or non-UTF-8 text file, a bad option value, too little text for one batch) is
+one line on stderr and exit status 2, before anything is written. A checkpoint never holds a NaN or
+inf: when the loss or the parameters become non-finite the run stops with one line on stderr and exit
+status 1, keeping its last finite checkpoint.
 """
 from __future__ import annotations
 
@@ -17,63 +23,90 @@ import json
 import math
 import os
 import sys
-import time
 from typing import Dict, List, Optional
 
-import numpy as np
-
-HERE = os.path.dirname(os.path.abspath(__file__))
-if HERE not in sys.path:
-    sys.path.insert(0, HERE)
-try:
-    import ms_optim  # noqa: F401
-except ImportError:  # running from a source checkout without `pip install`
-    sys.path.insert(1, os.path.dirname(os.path.dirname(HERE)))
+# Bootstrap, identical in every model_zoo entry point (model_zoo/README.md, "Imports"): run as a file,
+# this folder would be sys.path[0] and its modules importable under bare names; the repository root
+# takes its place, so each module has one name (model_zoo.<model>...) and a checkout's ms_optim wins.
+if not __package__:
+    _HERE = os.path.dirname(os.path.abspath(__file__))
+    if sys.path and os.path.abspath(sys.path[0] or os.curdir) == _HERE:
+        del sys.path[0]
+    sys.path.insert(0, os.path.dirname(os.path.dirname(_HERE)))
 
 import mindspore as ms  # noqa: E402
-from mindspore import Tensor, nn as ms_nn  # noqa: E402
-from mindspore.train import Callback, CheckpointConfig, Model, ModelCheckpoint  # noqa: E402
+import numpy as np  # noqa: E402
+from mindspore import Tensor  # noqa: E402
+from mindspore import nn as ms_nn  # noqa: E402
+from mindspore.train import Model  # noqa: E402
 
-import bert_data  # noqa: E402
-import bert_model  # noqa: E402
+from model_zoo.bert import bert_data, bert_model  # noqa: E402
+from model_zoo.common.checkpoint import FiniteCheckpoint, save_finite  # noqa: E402
+from model_zoo.common.cli import InputError, OneLineArgumentParser, run_main  # noqa: E402
+from model_zoo.common.context import set_device  # noqa: E402
+from model_zoo.common.progress import LinePrinter, ProgressMonitor  # noqa: E402
+
+PROG = "train.py"
+
+
+def _number(kind, low: float, inclusive: bool = True, allow=()):
+    """argparse type: ``kind`` (int or float), finite, >= low (or > low), or one of ``allow``."""
+    def parse(text: str):
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected {'an int' if kind is int else 'a number'}, got {text!r}") \
+                from None
+        if value in allow:
+            return value
+        if not math.isfinite(value) or not (value >= low if inclusive else value > low):
+            raise argparse.ArgumentTypeError(f"must be {'>=' if inclusive else '>'} {low:g}, got {text!r}")
+        return value
+    return parse
 
 
 def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description="BERT masked-LM pretraining with ms_optim's Lamb or THOR.",
-                                     formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    parser = OneLineArgumentParser(prog=PROG, description="BERT masked-LM pretraining with ms_optim's Lamb or THOR.",
+                                   formatter_class=argparse.ArgumentDefaultsHelpFormatter, allow_abbrev=False)
     data = parser.add_argument_group("data")
     data.add_argument("--data", nargs="+", required=True, help="plain text files (one or more sentences per line)")
     data.add_argument("--vocab", default=None, help="WordPiece vocab.txt to use; without it one is learned "
                       "from --data and written to --output-dir/vocab.txt")
-    data.add_argument("--vocab-size", type=int, default=30522, help="size of the learned vocabulary")
-    data.add_argument("--seq-length", type=int, default=128)
-    data.add_argument("--max-predictions", type=int, default=20, help="masked tokens per sequence at most")
-    data.add_argument("--batch-size", type=int, default=32)
+    data.add_argument("--vocab-size", type=_number(int, 6), default=30522, help="size of the learned vocabulary")
+    data.add_argument("--seq-length", type=_number(int, 4), default=128)
+    data.add_argument("--max-predictions", type=_number(int, 1), default=20, help="masked tokens per sequence at most")
+    data.add_argument("--batch-size", type=_number(int, 1), default=32)
     model = parser.add_argument_group("model")
     model.add_argument("--config", choices=sorted(bert_model.CONFIGS), default="base")
-    model.add_argument("--dropout", type=float, default=None, help="override both dropout probabilities")
+    model.add_argument("--dropout", type=_number(float, 0.0), default=None, help="override both dropout probabilities")
     train = parser.add_argument_group("training")
     train.add_argument("--optimizer", choices=["lamb", "thor"], default="lamb")
-    train.add_argument("--epochs", type=int, default=1)
-    train.add_argument("--steps-per-epoch", type=int, default=-1,
+    train.add_argument("--epochs", type=_number(int, 1), default=1)
+    train.add_argument("--steps-per-epoch", type=_number(int, 1, allow=(-1,)), default=-1,
                        help="steps per epoch (the data sink size); -1: the whole dataset")
-    train.add_argument("--lr", type=float, default=None, help="peak learning rate (Lamb 1e-3, THOR 1e-2)")
-    train.add_argument("--warmup-steps", type=int, default=0)
-    train.add_argument("--weight-decay", type=float, default=0.01)
-    train.add_argument("--momentum", type=float, default=0.9, help="THOR only")
-    train.add_argument("--damping", type=float, default=5e-2, help="THOR only: initial damping")
-    train.add_argument("--damping-decay", type=float, default=0.5, help="THOR only: damping at the last step "
-                       "is damping * damping_decay")
-    train.add_argument("--frequency", type=int, default=100, help="THOR only: steps between factor updates")
-    train.add_argument("--loss-scale", type=float, default=1.0)
+    train.add_argument("--lr", type=_number(float, 0.0, inclusive=False), default=None,
+                       help="peak learning rate (Lamb 1e-3, THOR 1e-2)")
+    train.add_argument("--warmup-steps", type=_number(int, 0), default=0)
+    train.add_argument("--weight-decay", type=_number(float, 0.0), default=0.01)
+    train.add_argument("--momentum", type=_number(float, 0.0), default=0.9, help="THOR only")
+    train.add_argument("--damping", type=_number(float, 0.0, inclusive=False), default=5e-2,
+                       help="THOR only: initial damping")
+    train.add_argument("--damping-decay", type=_number(float, 0.0, inclusive=False), default=0.5,
+                       help="THOR only: damping at the last step is damping * damping_decay")
+    train.add_argument("--frequency", type=_number(int, 2), default=100,
+                       help="THOR only: steps between factor updates")
+    train.add_argument("--loss-scale", type=_number(float, 1.0), default=1.0)
     train.add_argument("--no-sink", dest="sink", action="store_false", help="step-by-step instead of data sink")
     run = parser.add_argument_group("run")
     run.add_argument("--output-dir", default="bert_output", help="vocabulary and checkpoints")
-    run.add_argument("--save-steps", type=int, default=1000, help="checkpoint every N steps")
-    run.add_argument("--keep-checkpoints", type=int, default=3)
+    run.add_argument("--save-steps", type=_number(int, 1), default=1000, help="checkpoint every N steps")
+    run.add_argument("--keep-checkpoints", type=_number(int, 1), default=3,
+                     help="checkpoints kept (the newest; a finite one always stays)")
     run.add_argument("--device-target", default="CPU", choices=["CPU", "GPU", "Ascend"])
     run.add_argument("--mode", choices=["graph", "pynative"], default="graph")
-    run.add_argument("--seed", type=int, default=1)
+    run.add_argument("--seed", type=_number(int, 0), default=1)
+    run.add_argument("--log-interval", type=_number(int, 1), default=1,
+                     help="a progress line every N steps (and at the end of every epoch)")
     args = parser.parse_args(argv)
     if args.lr is None:
         args.lr = 1e-3 if args.optimizer == "lamb" else 1e-2
@@ -100,32 +133,6 @@ def _no_decay(param) -> bool:
         or name.endswith(".gamma")
 
 
-class Progress(Callback):
-    """One line per step end (one per sink in data-sink mode): epoch, step, loss, ms per step."""
-
-    def __init__(self, total_steps: int, log=print):
-        super().__init__()
-        self.total_steps = total_steps
-        self.log = log
-        self.losses: List[float] = []
-        self._last_step = 0
-        self._last_time = time.time()
-
-    def on_train_step_end(self, run_context):
-        params = run_context.original_args()
-        loss = params.net_outputs
-        if isinstance(loss, (tuple, list)):
-            loss = loss[0]
-        loss = float(np.asarray(loss.asnumpy() if hasattr(loss, "asnumpy") else loss).reshape(-1)[0])
-        self.losses.append(loss)
-        step = params.cur_step_num
-        now = time.time()
-        per_step = (now - self._last_time) * 1000.0 / max(step - self._last_step, 1)
-        self._last_step, self._last_time = step, now
-        self.log(f"epoch {params.cur_epoch_num}/{params.epoch_num} step {step}/{self.total_steps} "
-                 f"loss {loss:.4f} {per_step:.1f} ms/step", flush=True)
-
-
 def build_optimizer(args, net_with_loss: ms_nn.Cell, total_steps: int):
     """ms_optim's Lamb over parameter groups, or ms_optim's thor (which converts the network)."""
     from ms_optim import nn
@@ -141,21 +148,42 @@ def build_optimizer(args, net_with_loss: ms_nn.Cell, total_steps: int):
                    args.batch_size, decay_filter=lambda p: not _no_decay(p), frequency=args.frequency)
 
 
-def main(argv: Optional[List[str]] = None) -> Dict:
-    """Train; returns {'losses', 'checkpoint', 'vocab', 'steps', 'network'} (a JSON summary is printed)."""
-    args = parse_args(argv)
-    ms.set_context(mode=ms.GRAPH_MODE if args.mode == "graph" else ms.PYNATIVE_MODE,
-                   device_target=args.device_target)
-    ms.set_seed(args.seed)
-    ms.dataset.config.set_seed(args.seed)
-    os.makedirs(args.output_dir, exist_ok=True)
+def check_inputs(args: argparse.Namespace) -> None:
+    """What can be checked before anything is built or written; raises InputError."""
+    for path in args.data:
+        if not os.path.isfile(path):
+            raise InputError(f"--data: text file not found: {path}")
+        if not os.access(path, os.R_OK):
+            raise InputError(f"--data: text file not readable: {path}")
+    if args.vocab is not None and not os.path.isfile(args.vocab):
+        raise InputError(f"--vocab: file not found: {args.vocab}")
+    if os.path.exists(args.output_dir) and not os.path.isdir(args.output_dir):
+        raise InputError(f"--output-dir exists and is not a directory: {args.output_dir}")
 
-    vocab = args.vocab or bert_data.train_vocab(args.data, args.output_dir, vocab_size=args.vocab_size,
-                                                min_frequency=1)
-    tokenizer = bert_data.load_tokenizer(vocab)
-    dataset = bert_data.create_dataset(args.data, tokenizer, seq_length=args.seq_length,
-                                       batch_size=args.batch_size, max_predictions=args.max_predictions,
-                                       seed=args.seed)
+
+def _learn_tokenizer(args: argparse.Namespace):
+    """``bert_data.learn_tokenizer`` over --data; HuggingFace tokenizers' errors -> InputError."""
+    try:
+        return bert_data.learn_tokenizer(args.data, vocab_size=args.vocab_size, min_frequency=1)
+    except Exception as exc:
+        if type(exc) is not Exception:  # tokenizers reports bad text (e.g. not UTF-8) as a bare Exception
+            raise
+        raise InputError(f"--data: cannot learn a vocabulary from {', '.join(args.data)} "
+                         f"({str(exc).splitlines()[0]})") from None
+
+
+def build_data(args: argparse.Namespace):
+    """(tokenizer, dataset, batches, steps_per_epoch); nothing is written. Bad text -> InputError."""
+    try:
+        if args.vocab is not None:
+            tokenizer = bert_data.load_tokenizer(args.vocab)
+        else:
+            tokenizer = _learn_tokenizer(args)
+        dataset = bert_data.create_dataset(args.data, tokenizer, seq_length=args.seq_length,
+                                           batch_size=args.batch_size, max_predictions=args.max_predictions,
+                                           seed=args.seed)
+    except (ValueError, OSError) as exc:
+        raise InputError(str(exc).splitlines()[0]) from None
     batches = dataset.get_dataset_size()
     steps_per_epoch = batches if args.steps_per_epoch <= 0 else args.steps_per_epoch
     if steps_per_epoch > batches:
@@ -164,6 +192,19 @@ def main(argv: Optional[List[str]] = None) -> Dict:
         # An epoch is exactly steps_per_epoch batches, whichever loop runs it (MindSpore's Model falls
         # back to step-by-step on CPU and would ignore sink_size).
         dataset = dataset.take(steps_per_epoch)
+    return tokenizer, dataset, batches, steps_per_epoch
+
+
+def main(argv: Optional[List[str]] = None) -> Dict:
+    """Train; returns {'losses', 'checkpoint', 'vocab', 'steps', 'network'} (a JSON summary is printed).
+    Raises InputError (bad input, nothing written) or NonFiniteState (the run diverged)."""
+    args = parse_args(argv)
+    check_inputs(args)
+    ms.set_context(mode=ms.GRAPH_MODE if args.mode == "graph" else ms.PYNATIVE_MODE)
+    set_device(args.device_target)
+    ms.set_seed(args.seed)
+    ms.dataset.config.set_seed(args.seed)
+    tokenizer, dataset, batches, steps_per_epoch = build_data(args)
     total_steps = steps_per_epoch * args.epochs
 
     overrides = {}
@@ -175,9 +216,10 @@ def main(argv: Optional[List[str]] = None) -> Dict:
                                    **overrides)
     net_with_loss = bert_model.BertPretrainingLoss(bert_model.BertForMaskedLM(config))
     optimizer = build_optimizer(args, net_with_loss, total_steps)
-    print(f"BERT-{args.config}: {sum(p.size for p in net_with_loss.trainable_params())} parameters, "
-          f"vocab {config.vocab_size}, {batches} batches of {args.batch_size}x{args.seq_length}, "
-          f"{args.optimizer} for {total_steps} steps ({'sink' if args.sink else 'no sink'})", flush=True)
+    log = LinePrinter()
+    log(f"BERT-{args.config}: {sum(p.size for p in net_with_loss.trainable_params())} parameters, "
+        f"vocab {config.vocab_size}, {batches} batches of {args.batch_size}x{args.seq_length}, "
+        f"{args.optimizer} for {total_steps} steps ({'sink' if args.sink else 'no sink'})")
 
     loss_scale_manager = None
     if args.loss_scale != 1.0:
@@ -189,20 +231,23 @@ def main(argv: Optional[List[str]] = None) -> Dict:
         model = ConvertModelUtils.convert_to_thor_model(model, network=net_with_loss, optimizer=optimizer,
                                                         loss_scale_manager=loss_scale_manager)
 
-    progress = Progress(total_steps)
+    # Everything is built and checked: now the run may write.
+    os.makedirs(args.output_dir, exist_ok=True)
+    vocab = args.vocab or bert_data.save_vocab(tokenizer, args.output_dir)
+    progress = ProgressMonitor(args.epochs, steps_per_epoch, args.batch_size * args.seq_length, args.log_interval,
+                               unit="tokens", lr=lr_schedule(args.lr, total_steps, args.warmup_steps), printer=log)
     prefix = f"bert_{args.config}_{args.optimizer}"
-    checkpoint = ModelCheckpoint(prefix=prefix, directory=args.output_dir,
-                                 config=CheckpointConfig(save_checkpoint_steps=args.save_steps,
-                                                         keep_checkpoint_max=args.keep_checkpoints))
-    model.train(args.epochs, dataset, callbacks=[progress, checkpoint], dataset_sink_mode=args.sink)
+    saver = FiniteCheckpoint(args.output_dir, prefix, (net_with_loss, optimizer), every=args.save_steps,
+                             keep_max=args.keep_checkpoints, total_steps=total_steps, printer=log)
+    model.train(args.epochs, dataset, callbacks=[progress, saver], dataset_sink_mode=args.sink)
+    saver.raise_if_failed()
     final = os.path.join(args.output_dir, f"{prefix}_final.ckpt")
-    ms.save_checkpoint(net_with_loss, final)
-    result = {"losses": progress.losses, "checkpoint": final, "vocab": vocab, "steps": total_steps,
+    save_finite((net_with_loss,), final)
+    result = {"losses": progress.all_losses, "checkpoint": final, "vocab": vocab, "steps": total_steps,
               "network": net_with_loss}
-    print(json.dumps({"final_loss": progress.losses[-1] if progress.losses else None, "checkpoint": final}),
-          flush=True)
+    log(json.dumps({"final_loss": progress.all_losses[-1] if progress.all_losses else None, "checkpoint": final}))
     return result
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(run_main(main, None, PROG))

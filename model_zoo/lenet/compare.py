@@ -1,8 +1,12 @@
 """Compare optimizers on LeNet5 + digits: a table (final loss, test accuracy, time, time to 97%) and a plot.
 
 Every optimizer trains the same LeNet5 (same seed, same batches) for ``--epochs`` epochs, or until
-``--max-seconds`` of training, and the held-out accuracy is measured every ``--eval-every`` steps
-(the clock is paused while measuring). The plot shows test accuracy against training seconds.
+``--max-seconds`` of training, with its learning rate from ``tuned_lr.json`` (chosen by ``tune.py``,
+the same grid search for every optimizer) unless ``--lr`` overrides it. The held-out accuracy is
+measured every ``--eval-every`` steps (the clock is paused while measuring); progress shows while
+training (a bar on an interactive terminal, one line per epoch otherwise). A row below
+``--min-accuracy`` says why in the table's last column. The plot shows test accuracy against
+training seconds.
 
     python model_zoo/lenet/compare.py --optimizers thor momentum --epochs 4 --plot lenet_digits.png
 """
@@ -15,26 +19,54 @@ import sys
 import traceback
 from typing import Dict, List, Optional
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-if ROOT not in sys.path:
-    sys.path.insert(0, ROOT)
+# Bootstrap, identical in every model_zoo entry point (model_zoo/README.md, "Imports"): run as a file,
+# this folder would be sys.path[0] and its modules importable under bare names; the repository root
+# takes its place, so each module has one name (model_zoo.<model>...) and a checkout's ms_optim wins.
+if not __package__:
+    _HERE = os.path.dirname(os.path.abspath(__file__))
+    if sys.path and os.path.abspath(sys.path[0] or os.curdir) == _HERE:
+        del sys.path[0]
+    sys.path.insert(0, os.path.dirname(os.path.dirname(_HERE)))
 
-from model_zoo.lenet.train import DEFAULT_LR, OPTIMIZERS, run  # noqa: E402
+from model_zoo.common.cli import OneLineArgumentParser, run_main  # noqa: E402
+from model_zoo.lenet.train import (  # noqa: E402
+    EPOCHS,
+    EVAL_EVERY,
+    LABELS,
+    OPTIMIZERS,
+    check_output_path,
+    run,
+    tuned_lr,
+)
 
-LABELS = {"thor": "THOR", "momentum": "Momentum", "lamb": "Lamb", "lars": "LARS(Momentum)", "asgd": "ASGD"}
+
+def note(r: Dict, min_accuracy: float) -> str:
+    """Why a row is below ``min_accuracy`` (empty when it is not)."""
+    if "error" in r:
+        return f"failed: {r['error']}"
+    if r["diverged"] is not None:
+        return f"diverged at step {r['diverged']} (non-finite loss or state)"
+    if r["test_accuracy"] >= min_accuracy:
+        return ""
+    if r["stopped_by_time_cap"]:
+        return f"below {min_accuracy:.0%}: stopped by the time cap after {r['steps']} steps (machine busy?)"
+    return f"below {min_accuracy:.0%} within the budget ({r['steps']} steps at the tuned lr)"
 
 
-def format_table(results: List[Dict], target: float) -> str:
-    """Markdown table of the runs (errors shown as a row too)."""
-    head = f"| optimizer | lr | final loss | test accuracy | train time (s) | time to {target:.0%} (s) |"
-    lines = [head, "|---|---|---|---|---|---|"]
+def format_table(results: List[Dict], target: float, min_accuracy: float = 0.9) -> str:
+    """Markdown table of the runs (failed and diverged runs shown as rows too)."""
+    head = (f"| optimizer | lr | steps | final loss | test accuracy | train time (s) | time to {target:.0%} (s) "
+            "| note |")
+    lines = [head, "|---|---|---|---|---|---|---|---|"]
     for r in results:
+        label = LABELS[r["optimizer"]]
         if "error" in r:
-            lines.append(f"| {LABELS[r['optimizer']]} | | failed: {r['error']} | | | |")
+            lines.append(f"| {label} | | | | | | | {note(r, min_accuracy)} |")
             continue
         hit = r["seconds_to_target"]
-        lines.append(f"| {LABELS[r['optimizer']]} | {r['lr']:g} | {r['final_loss']:.4f} | {r['test_accuracy']:.4f} | "
-                     f"{r['train_seconds']:.1f} | {'not reached' if hit is None else f'{hit:.1f}'} |")
+        lines.append(f"| {label} | {r['lr']:g} | {r['steps']} | {r['final_loss']:.4f} | {r['test_accuracy']:.4f} "
+                     f"| {r['train_seconds']:.1f} | {'not reached' if hit is None else f'{hit:.1f}'} "
+                     f"| {note(r, min_accuracy)} |")
     return "\n".join(lines)
 
 
@@ -65,40 +97,52 @@ def plot(results: List[Dict], path: str, target: float) -> None:
 
 
 def main(argv: Optional[List[str]] = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0],
-                                     formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    parser = OneLineArgumentParser(prog="compare.py", description=__doc__.splitlines()[0],
+                                   formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     parser.add_argument("--optimizers", nargs="+", choices=OPTIMIZERS, default=["thor", "momentum"])
     parser.add_argument("--lr", nargs="*", default=[], metavar="NAME=LR",
-                        help="learning-rate overrides, e.g. momentum=0.03 (defaults: " +
-                             ", ".join(f"{k}={v}" for k, v in DEFAULT_LR.items()) + ")")
-    parser.add_argument("--epochs", type=int, default=4)
+                        help="learning-rate overrides, e.g. momentum=0.03 (default: tuned_lr.json)")
+    parser.add_argument("--epochs", type=int, default=EPOCHS)
     parser.add_argument("--max-seconds", type=float, default=None, help="cap on each run's training time")
-    parser.add_argument("--eval-every", type=int, default=11)
+    parser.add_argument("--eval-every", type=int, default=EVAL_EVERY)
     parser.add_argument("--target", type=float, default=0.97)
+    parser.add_argument("--min-accuracy", type=float, default=0.9, help="rows below this say why in the table")
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--plot", default="lenet_digits.png", help="PNG of test accuracy vs seconds")
     parser.add_argument("--json", default=None, help="also write all results to this JSON file")
-    parser.add_argument("--quiet", action="store_true", help="no per-evaluation progress lines")
+    parser.add_argument("--quiet", action="store_true", help="no progress while training")
     args = parser.parse_args(argv)
-    overrides = {}
+    if args.epochs < 1 or args.eval_every < 1:
+        parser.error(f"--epochs and --eval-every must be >= 1, got {args.epochs} and {args.eval_every}")
+    if args.max_seconds is not None and not args.max_seconds > 0:
+        parser.error(f"--max-seconds must be > 0, got {args.max_seconds}")
+    try:
+        lrs = tuned_lr()
+    except (OSError, ValueError, KeyError) as exc:
+        parser.error(f"cannot read the tuned learning rates ({exc!r}): run model_zoo/lenet/tune.py")
     for item in args.lr:
         name, _, value = item.partition("=")
-        if name not in OPTIMIZERS or not value:
-            parser.error(f"--lr expects NAME=LR with NAME in {OPTIMIZERS}, got {item!r}")
-        overrides[name] = float(value)
+        try:
+            lrs[name] = float(value)
+        except ValueError:
+            lrs[name] = float("nan")
+        if name not in OPTIMIZERS or not lrs[name] > 0 or lrs[name] == float("inf"):
+            parser.error(f"--lr expects NAME=LR with NAME in {OPTIMIZERS} and a finite LR > 0, got {item!r}")
+    check_output_path(parser, "--plot", args.plot)
+    check_output_path(parser, "--json", args.json)
 
     results = []
     for name in args.optimizers:
-        print(f"=== {LABELS[name]} ===", flush=True)
+        print(f"=== {LABELS[name]} (lr {lrs[name]:g}) ===", flush=True)
         try:
-            results.append(run(name, epochs=args.epochs, lr=overrides.get(name), seed=args.seed,
-                               eval_every=args.eval_every, target=args.target, quiet=args.quiet,
-                               max_seconds=args.max_seconds))
+            results.append(run(name, epochs=args.epochs, lr=lrs[name], seed=args.seed, eval_every=args.eval_every,
+                               target=args.target, quiet=args.quiet, max_seconds=args.max_seconds,
+                               label=LABELS[name]))
         except Exception as exc:  # an extra row failing must not hide the others
             traceback.print_exc()
             results.append({"optimizer": name, "error": f"{type(exc).__name__}: {str(exc).splitlines()[0][:80]}"})
     print()
-    print(format_table(results, args.target))
+    print(format_table(results, args.target, args.min_accuracy))
     plot(results, args.plot, args.target)
     print(f"\nplot of test accuracy vs seconds: {os.path.abspath(args.plot)}")
     if args.json:
@@ -108,4 +152,4 @@ def main(argv: Optional[List[str]] = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run_main(main, None, "compare.py"))

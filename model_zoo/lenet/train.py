@@ -3,66 +3,143 @@
 Examples:
     python model_zoo/lenet/train.py --optimizer thor --epochs 5
     python model_zoo/lenet/train.py --optimizer momentum --lr 0.1 --epochs 5 --json out.json
+    python model_zoo/lenet/train.py --optimizer lamb --checkpoint lenet_lamb.ckpt
 
 The test accuracy is measured every ``--eval-every`` steps on the whole held-out set; the training
 clock is paused while it is measured, so "time to X%" is training time only (graph compilation
-included). THOR runs through ``ConvertModelUtils.convert_to_thor_model`` and the THOR model's
-dataset-sink loop; the other optimizers through ``mindspore.train.Model``.
+included). Progress: a bar on an interactive terminal, one line per epoch otherwise. THOR runs
+through ``ConvertModelUtils.convert_to_thor_model`` and the THOR model's dataset-sink loop; the other
+optimizers through ``mindspore.train.Model``. The default learning rates are the ones chosen by
+``tune.py`` (recorded in ``tuned_lr.json``). A run whose loss or state becomes non-finite stops with a
+one-line error and exit code 1; ``--checkpoint`` is only ever overwritten with finite state.
 """
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import sys
-import time
-from typing import Dict, List, Optional
+from typing import Any, Dict, List, Optional, Tuple
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-if ROOT not in sys.path:
-    sys.path.insert(0, ROOT)
+# Bootstrap, identical in every model_zoo entry point (model_zoo/README.md, "Imports"): run as a file,
+# this folder would be sys.path[0] and its modules importable under bare names; the repository root
+# takes its place, so each module has one name (model_zoo.<model>...) and a checkout's ms_optim wins.
+if not __package__:
+    _HERE = os.path.dirname(os.path.abspath(__file__))
+    if sys.path and os.path.abspath(sys.path[0] or os.curdir) == _HERE:
+        del sys.path[0]
+    sys.path.insert(0, os.path.dirname(os.path.dirname(_HERE)))
+
+from model_zoo.common.cli import OneLineArgumentParser, TrainingFailed, run_main  # noqa: E402
 
 OPTIMIZERS = ("thor", "momentum", "lamb", "lars", "asgd")
-DEFAULT_LR = {"thor": 0.1, "momentum": 0.1, "lamb": 0.01, "lars": 0.1, "asgd": 0.1}
+LABELS = {"thor": "THOR", "momentum": "Momentum", "lamb": "Lamb", "lars": "LARS(Momentum)", "asgd": "ASGD"}
 THOR_DEFAULTS = {"damping": 0.01, "frequency": 20, "weight_decay": 1e-4, "clip": True, "lr_decay": 2.0}
+EPOCHS = 5          # the quickstart's budget per optimizer (and the tuning budget of tune.py)
+EVAL_EVERY = 11     # 44 steps per epoch at batch 32: four measurements per epoch
+TUNED_LR_FILE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "tuned_lr.json")
+
+
+def tuned_lr(path: str = TUNED_LR_FILE) -> Dict[str, float]:
+    """The learning rate per optimizer chosen by ``tune.py`` (read from ``tuned_lr.json``)."""
+    with open(path, encoding="utf-8") as f:
+        return {name: float(lr) for name, lr in json.load(f)["lr"].items()}
+
+
+def _finite(kind: str, low: float, strict: bool = True, high: Optional[float] = None):
+    """argparse type: a float that is finite, above ``low`` (or equal when not strict), at most ``high``."""
+
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+        above = value > low if strict else value >= low
+        if not (math.isfinite(value) and above and (high is None or value <= high)):
+            bound = f"{'>' if strict else '>='} {low:g}" + ("" if high is None else f" and <= {high:g}")
+            raise argparse.ArgumentTypeError(f"{kind} must be finite and {bound}, got {text}")
+        return value
+
+    return parse
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+    return value
+
+
+def check_output_path(parser: argparse.ArgumentParser, option: str, path: Optional[str]) -> None:
+    """Refuse (before training) an output file whose directory does not exist or is a directory itself."""
+    if path is None:
+        return
+    folder = os.path.dirname(os.path.abspath(path))
+    if os.path.isdir(path) or not os.path.isdir(folder):
+        parser.error(f"{option}: cannot write {path!r} (not a file in an existing directory)")
 
 
 def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0],
-                                     formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    parser = OneLineArgumentParser(prog="train.py", description=__doc__.splitlines()[0],
+                                   formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     parser.add_argument("--optimizer", choices=OPTIMIZERS, default="thor", help="optimizer to train with")
-    parser.add_argument("--epochs", type=int, default=5, help="training epochs (45 steps each at batch 32)")
-    parser.add_argument("--batch-size", type=int, default=32, help="batch size")
-    parser.add_argument("--lr", type=float, default=None,
-                        help="learning rate (default per optimizer: " +
-                             ", ".join(f"{k} {v}" for k, v in DEFAULT_LR.items()) + ")")
-    parser.add_argument("--damping", type=float, default=THOR_DEFAULTS["damping"], help="THOR damping")
-    parser.add_argument("--frequency", type=int, default=THOR_DEFAULTS["frequency"],
-                        help="THOR: recompute factors and inverses every this many steps")
-    parser.add_argument("--lr-decay", type=float, default=THOR_DEFAULTS["lr_decay"],
+    parser.add_argument("--epochs", type=_positive_int, default=EPOCHS,
+                        help="training epochs (44 steps each at batch 32)")
+    parser.add_argument("--batch-size", type=_positive_int, default=32, help="batch size")
+    parser.add_argument("--lr", type=_finite("learning rate", 0.0), default=None,
+                        help="learning rate (default: the optimizer's entry in tuned_lr.json)")
+    parser.add_argument("--damping", type=_finite("damping", 0.0), default=THOR_DEFAULTS["damping"],
+                        help="THOR damping")
+    parser.add_argument("--frequency", type=_positive_int, default=THOR_DEFAULTS["frequency"],
+                        help="THOR: recompute factors and inverses every this many steps (>= 2)")
+    parser.add_argument("--lr-decay", type=_finite("lr-decay", 0.0, strict=False), default=THOR_DEFAULTS["lr_decay"],
                         help="THOR: power of the polynomial decay of lr to 0 over the run (0: constant lr)")
     parser.add_argument("--no-clip", action="store_true", help="THOR: no per-tensor gradient clipping")
     parser.add_argument("--seed", type=int, default=1, help="seed of the weights and the batch order")
     parser.add_argument("--split-seed", type=int, default=0, help="seed of the train/test split")
-    parser.add_argument("--eval-every", type=int, default=9, help="steps between test-accuracy measurements")
-    parser.add_argument("--target", type=float, default=0.97, help="accuracy whose time-to-reach is reported")
+    parser.add_argument("--eval-every", type=_positive_int, default=EVAL_EVERY,
+                        help="steps between test-accuracy measurements")
+    parser.add_argument("--target", type=_finite("target", 0.0, high=1.0), default=0.97,
+                        help="accuracy whose time-to-reach is reported")
     parser.add_argument("--mode", choices=("graph", "pynative"), default="graph", help="MindSpore execution mode")
     parser.add_argument("--stop-at-target", action="store_true", help="stop as soon as --target is reached")
-    parser.add_argument("--max-seconds", type=float, default=None, help="stop once training took this long")
+    parser.add_argument("--max-seconds", type=_finite("max-seconds", 0.0), default=None,
+                        help="stop once training took this long")
     parser.add_argument("--json", default=None, help="write the result (history included) to this JSON file")
+    parser.add_argument("--checkpoint", default=None,
+                        help="checkpoint file rewritten after each measurement (parameters and optimizer state, "
+                             "finite only)")
     parser.add_argument("--quiet", action="store_true", help="print only the final line")
     args = parser.parse_args(argv)
-    if args.epochs < 1 or args.batch_size < 1 or args.eval_every < 1 or args.frequency < 2:
-        parser.error("--epochs, --batch-size and --eval-every must be >= 1 and --frequency >= 2")
+    if args.frequency < 2:
+        parser.error(f"argument --frequency: must be >= 2, got {args.frequency}")
+    check_output_path(parser, "--json", args.json)
+    check_output_path(parser, "--checkpoint", args.checkpoint)
     if args.lr is None:
-        args.lr = DEFAULT_LR[args.optimizer]
+        try:
+            args.lr = tuned_lr()[args.optimizer]
+        except (OSError, ValueError, KeyError) as exc:
+            parser.error(f"no --lr given and no tuned lr for {args.optimizer} in {TUNED_LR_FILE} ({exc!r}): "
+                         "run model_zoo/lenet/tune.py")
     return args
+
+
+def thor_lr_schedule(lr: float, power: float, total_steps: int):
+    """Per-step THOR learning rate: lr * (1 - (s+1)/total_steps)**power (power 0: constant)."""
+    import numpy as np
+
+    steps = np.arange(1, total_steps + 1, dtype=np.float64)
+    return (lr * np.clip(1.0 - steps / total_steps, 0.0, None) ** power).astype(np.float32)
 
 
 def make_optimizer(name: str, net, lr: float, total_steps: int, batch_size: int,
                    damping: float = THOR_DEFAULTS["damping"], frequency: int = THOR_DEFAULTS["frequency"],
                    clip: bool = THOR_DEFAULTS["clip"], lr_decay: float = THOR_DEFAULTS["lr_decay"]):
-    """Build the optimizer ``name`` for ``net`` (THOR gets constant per-step lr and damping Tensors)."""
+    """Build the optimizer ``name`` for ``net`` (THOR gets per-step lr and damping Tensors)."""
     import numpy as np
     from mindspore import Tensor
 
@@ -70,10 +147,7 @@ def make_optimizer(name: str, net, lr: float, total_steps: int, batch_size: int,
 
     params = net.trainable_params()
     if name == "thor":
-        from ms_optim.thor.schedules import get_thor_lr
-
-        # lr_decay 0: constant; otherwise the model zoo's polynomial decay, counted in steps here
-        lr_t = Tensor(get_thor_lr(0, lr, lr_decay, total_steps, 1, decay_epochs=total_steps + 2))
+        lr_t = Tensor(thor_lr_schedule(lr, lr_decay, total_steps))
         damping_t = Tensor(np.full((total_steps,), damping, np.float32))
         return nn.thor(net, lr_t, damping_t, 0.9, weight_decay=THOR_DEFAULTS["weight_decay"],
                        batch_size=batch_size, frequency=frequency, enable_clip_grad=clip)
@@ -88,49 +162,38 @@ def make_optimizer(name: str, net, lr: float, total_steps: int, batch_size: int,
     raise ValueError(f"unknown optimizer {name!r}")
 
 
-def _absorb_numpy_bridge_failure() -> None:
-    """MindSpore 2.10 with NumPy 2: the first PYNATIVE op through MindSpore's NumPy bridge fails once
-    (later ones work) and prints a long "compiled using NumPy 1.x" notice. Take that one-time failure
-    here with stderr silenced, so the training output stays readable."""
-    import numpy as np
-    from mindspore import Tensor
-
-    sys.stderr.flush()
-    fd = sys.stderr.fileno()
-    saved, devnull = os.dup(fd), os.open(os.devnull, os.O_WRONLY)
-    os.dup2(devnull, fd)
-    try:
-        _ = Tensor(np.ones(1, np.float32)) * 1.0
-    except (SystemError, ImportError):
-        pass
-    finally:
-        sys.stderr.flush()
-        os.dup2(saved, fd)
-        os.close(saved)
-        os.close(devnull)
+Data = Tuple[Any, Any, Any, Any]
 
 
-def run(optimizer: str = "thor", epochs: int = 5, batch_size: int = 32, lr: Optional[float] = None,
+def run(optimizer: str = "thor", epochs: int = EPOCHS, batch_size: int = 32, lr: Optional[float] = None,
         damping: float = THOR_DEFAULTS["damping"], frequency: int = THOR_DEFAULTS["frequency"], seed: int = 1,
-        split_seed: int = 0, eval_every: int = 9, target: float = 0.97, mode: str = "graph",
+        split_seed: int = 0, eval_every: int = EVAL_EVERY, target: float = 0.97, mode: str = "graph",
         stop_at_target: bool = False, quiet: bool = False, max_seconds: Optional[float] = None,
-        clip: bool = THOR_DEFAULTS["clip"], lr_decay: float = THOR_DEFAULTS["lr_decay"]) -> Dict:
-    """Train once; return final loss, test accuracy, training seconds and the accuracy history."""
-    import numpy as np
+        clip: bool = THOR_DEFAULTS["clip"], lr_decay: float = THOR_DEFAULTS["lr_decay"],
+        data: Optional[Data] = None, checkpoint: Optional[str] = None, label: Optional[str] = None) -> Dict:
+    """Train once; return final loss, test accuracy, training seconds and the accuracy history.
+
+    ``data`` replaces the digits split with ``(x_train, y_train, x_test, y_test)`` (tune.py passes a
+    validation split as the test set). The result's ``diverged`` is the first step whose loss or state
+    was not finite (None when the run stayed finite); training stops there.
+    """
     import mindspore as ms
+    import numpy as np
     from mindspore import Tensor
     from mindspore import nn as ms_nn
-    from mindspore.train import Callback, Model
+    from mindspore.train import Model
 
+    from model_zoo.lenet.callbacks import AccuracyMonitor, ProgressMonitor, all_finite
     from model_zoo.lenet.dataset import create_dataset, load_digits_32
     from model_zoo.lenet.lenet import LeNet5
+    from ms_optim._bridge import prime_numpy_bridge
     from ms_optim.train_thor import ConvertModelUtils
 
-    lr = DEFAULT_LR[optimizer] if lr is None else lr
+    lr = tuned_lr()[optimizer] if lr is None else lr
     ms.set_context(mode=ms.GRAPH_MODE if mode == "graph" else ms.PYNATIVE_MODE, device_target="CPU")
-    _absorb_numpy_bridge_failure()
+    prime_numpy_bridge()
     ms.set_seed(seed)
-    x_tr, y_tr, x_te, y_te = load_digits_32(seed=split_seed)
+    x_tr, y_tr, x_te, y_te = load_digits_32(seed=split_seed) if data is None else data
     train_ds = create_dataset(x_tr, y_tr, batch_size=batch_size, seed=seed)
     steps_per_epoch = train_ds.get_dataset_size()
     sink = optimizer == "thor"  # THOR: the THOR model's sink loop, one sink between two evaluations
@@ -142,9 +205,8 @@ def run(optimizer: str = "thor", epochs: int = 5, batch_size: int = 32, lr: Opti
     model = Model(net, loss_fn=loss, optimizer=opt)
     model = ConvertModelUtils.convert_to_thor_model(model, network=net, loss_fn=loss, optimizer=opt)
     x_test = Tensor(x_te)
-
-    history: List[Dict] = []
-    state = {"paused": 0.0, "start": 0.0, "last_eval": 0, "hit": None, "loss": float("nan"), "capped": False}
+    names = {p.name for p in net.get_parameters()}
+    state = list(net.get_parameters()) + [p for p in opt.get_parameters() if p.name not in names]
 
     def accuracy() -> float:
         net.set_train(False)
@@ -152,40 +214,23 @@ def run(optimizer: str = "thor", epochs: int = 5, batch_size: int = 32, lr: Opti
         net.set_train(True)
         return float(np.mean(np.argmax(logits, axis=1) == y_te))
 
-    class _Eval(Callback):
-        def on_train_step_end(self, run_context):
-            params = run_context.original_args()
-            step = params.cur_step_num
-            out = params.net_outputs
-            state["loss"] = float((out[0] if isinstance(out, (tuple, list)) else out).asnumpy())
-            if step - state["last_eval"] < eval_every and step < total_steps:
-                return
-            pause = time.perf_counter()
-            seconds = pause - state["start"] - state["paused"]
-            acc = accuracy()
-            state["last_eval"] = step
-            history.append({"step": step, "seconds": seconds, "test_accuracy": acc, "loss": state["loss"]})
-            if acc >= target and state["hit"] is None:
-                state["hit"] = seconds
-                if stop_at_target:
-                    run_context.request_stop()
-            if max_seconds is not None and seconds >= max_seconds:
-                state["capped"] = True
-                run_context.request_stop()
-            if not quiet:
-                print(f"[{optimizer}] epoch {-(-step // steps_per_epoch)} step {step}/{total_steps} "
-                      f"loss {state['loss']:.4f} test_acc {acc:.4f} t {seconds:.2f}s", flush=True)
-            state["paused"] += time.perf_counter() - pause
-
-    state["start"] = time.perf_counter()
-    model.train(sinks if sink else epochs, train_ds, callbacks=[_Eval()], dataset_sink_mode=sink,
+    monitor = AccuracyMonitor(accuracy, eval_every, total_steps, target, stop_at_target, max_seconds,
+                              state_params=state, checkpoint=checkpoint)
+    callbacks = [monitor]
+    if not quiet:
+        callbacks.append(ProgressMonitor(label or optimizer, monitor, total_steps, steps_per_epoch))
+    model.train(sinks if sink else epochs, train_ds, callbacks=callbacks, dataset_sink_mode=sink,
                 sink_size=eval_every if sink else -1)
-    seconds = time.perf_counter() - state["start"] - state["paused"]
-    final_acc = history[-1]["test_accuracy"] if history else accuracy()
+    seconds = monitor.seconds()
+    if monitor.diverged is None and not all_finite(state):
+        monitor.diverged = total_steps
+    history = monitor.history
+    final_acc = history[-1]["test_accuracy"] if history else float("nan")
     return {"optimizer": optimizer, "lr": lr, "epochs": epochs, "batch_size": batch_size, "seed": seed,
-            "steps": history[-1]["step"] if history else 0, "final_loss": state["loss"],
+            "steps": history[-1]["step"] if history else 0, "final_loss": monitor.loss,
             "test_accuracy": final_acc, "train_seconds": seconds, "target": target,
-            "seconds_to_target": state["hit"], "stopped_by_time_cap": state["capped"], "history": history,
+            "seconds_to_target": monitor.seconds_to_target, "stopped_by_time_cap": monitor.capped,
+            "diverged": monitor.diverged, "checkpoint_step": monitor.saved_step, "history": history,
             **({"damping": damping, "frequency": frequency} if optimizer == "thor" else {})}
 
 
@@ -193,16 +238,21 @@ def main(argv: Optional[List[str]] = None) -> int:
     args = parse_args(argv)
     result = run(args.optimizer, args.epochs, args.batch_size, args.lr, args.damping, args.frequency, args.seed,
                  args.split_seed, args.eval_every, args.target, args.mode, args.stop_at_target, args.quiet,
-                 args.max_seconds, not args.no_clip, args.lr_decay)
+                 args.max_seconds, not args.no_clip, args.lr_decay, checkpoint=args.checkpoint)
+    if args.json:
+        with open(args.json, "w", encoding="utf-8") as f:
+            json.dump(result, f, indent=1)
+    if result["diverged"] is not None:
+        kept = (f"kept the checkpoint of step {result['checkpoint_step']}" if result["checkpoint_step"]
+                else "no checkpoint written")
+        raise TrainingFailed(f"training diverged at step {result['diverged']} (non-finite loss or state, "
+                             f"lr {args.lr:g}); {kept}")
     hit = result["seconds_to_target"]
     print(f"[{args.optimizer}] final loss {result['final_loss']:.4f}, test accuracy {result['test_accuracy']:.4f}, "
           f"{result['train_seconds']:.1f}s training, time to {args.target:.0%}: "
           f"{'not reached' if hit is None else f'{hit:.1f}s'}")
-    if args.json:
-        with open(args.json, "w", encoding="utf-8") as f:
-            json.dump(result, f, indent=1)
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run_main(main, None, "train.py"))

@@ -17,14 +17,23 @@ import os
 import sys
 
 sys.dont_write_bytecode = True
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-_REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-if os.path.isdir(os.path.join(_REPO, "ms_optim")) and _REPO not in sys.path:
-    sys.path.append(_REPO)  # run from a checkout without `pip install -e .`; an installed ms_optim wins
+# Bootstrap, identical in every model_zoo entry point (model_zoo/README.md, "Imports"): run as a file,
+# this folder would be sys.path[0] and its modules importable under bare names; the repository root
+# takes its place, so each module has one name (model_zoo.<model>...) and a checkout's ms_optim wins.
+if not __package__:
+    _HERE = os.path.dirname(os.path.abspath(__file__))
+    if sys.path and os.path.abspath(sys.path[0] or os.curdir) == _HERE:
+        del sys.path[0]
+    sys.path.insert(0, os.path.dirname(os.path.dirname(_HERE)))
 
-from src.cli import ZooArgumentParser, add_config_options, config_overrides, run_main  # noqa: E402
-from src.config import ConfigError, load_config  # noqa: E402
-from src.dataset import check_data_path  # noqa: E402
+from model_zoo.resnet.src.cli import (  # noqa: E402
+    ZooArgumentParser,
+    add_config_options,
+    config_overrides,
+    run_main,
+)
+from model_zoo.resnet.src.config import ConfigError, load_config  # noqa: E402
+from model_zoo.resnet.src.dataset import check_data_path  # noqa: E402
 
 PROG = "eval.py"
 
@@ -44,6 +53,17 @@ def build_parser() -> ZooArgumentParser:
     return parser
 
 
+def _check_output_json(path: str) -> None:
+    """The result file can be written (checked before the evaluation, which may take hours)."""
+    folder = os.path.dirname(os.path.abspath(path))
+    if os.path.isdir(path):
+        raise ConfigError(f"--output_json is a directory: {path}")
+    if not os.path.isdir(folder):
+        raise ConfigError(f"--output_json: directory does not exist: {folder}")
+    if not os.access(folder, os.W_OK):
+        raise ConfigError(f"--output_json: directory is not writable: {folder}")
+
+
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
     config = load_config(args.config_path, config_overrides(args))
@@ -52,12 +72,14 @@ def main(argv=None) -> int:
         raise ConfigError(f"--checkpoint_path not found: {args.checkpoint_path}")
     if args.eval_steps < 0:
         raise ConfigError(f"--eval_steps must be >= 0, got {args.eval_steps}")
+    if args.output_json:
+        _check_output_json(args.output_json)
 
     import mindspore as ms
     from mindspore.train import Model
 
-    from src.dataset import create_dataset
-    from src.trainer import build_loss, build_network, setup_context
+    from model_zoo.resnet.src.dataset import create_dataset
+    from model_zoo.resnet.src.trainer import build_loss, build_network, setup_context
 
     setup_context(args.device_target, config["mode"], distributed=False)
     net = build_network(config)

@@ -23,25 +23,35 @@ input (paths, data layout, config keys/types), before anything is written.
 """
 from __future__ import annotations
 
+import argparse
 import os
 import sys
 
 sys.dont_write_bytecode = True  # a refused run leaves nothing behind, not even __pycache__
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-_REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-if os.path.isdir(os.path.join(_REPO, "ms_optim")) and _REPO not in sys.path:
-    sys.path.append(_REPO)  # run from a checkout without `pip install -e .`; an installed ms_optim wins
+# Bootstrap, identical in every model_zoo entry point (model_zoo/README.md, "Imports"): run as a file,
+# this folder would be sys.path[0] and its modules importable under bare names; the repository root
+# takes its place, so each module has one name (model_zoo.<model>...) and a checkout's ms_optim wins.
+if not __package__:
+    _HERE = os.path.dirname(os.path.abspath(__file__))
+    if sys.path and os.path.abspath(sys.path[0] or os.curdir) == _HERE:
+        del sys.path[0]
+    sys.path.insert(0, os.path.dirname(os.path.dirname(_HERE)))
 
-from src.cli import ZooArgumentParser, add_config_options, config_overrides, run_main  # noqa: E402
-from src.config import ConfigError, format_config, load_config  # noqa: E402
-from src.dataset import check_data_path  # noqa: E402
+from model_zoo.resnet.src.cli import (  # noqa: E402
+    ZooArgumentParser,
+    add_config_options,
+    config_overrides,
+    run_main,
+)
+from model_zoo.resnet.src.config import ConfigError, format_config, load_config  # noqa: E402
+from model_zoo.resnet.src.dataset import check_data_path  # noqa: E402
 
 PROG = "train.py"
 
 
 def build_parser() -> ZooArgumentParser:
     parser = ZooArgumentParser(prog=PROG, description=__doc__, allow_abbrev=False,
-                               formatter_class=__import__("argparse").RawDescriptionHelpFormatter)
+                               formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--config_path", required=True, help="YAML config (see configs/)")
     parser.add_argument("--data_path", required=True,
                         help="training data: an ImageFolder tree DATA_PATH/<class>/<image> (imagenet2012) or a "
@@ -81,7 +91,7 @@ def main(argv=None) -> int:
         overrides["optimizer"] = args.optimizer
     config = load_config(args.config_path, overrides)
     _check_inputs(args, config)
-    from src.trainer import train  # imports MindSpore: only after the input is known to be good
+    from model_zoo.resnet.src.trainer import train  # imports MindSpore: only after the input is known to be good
 
     return train(args, config, format_config(config))
 

@@ -6,34 +6,24 @@ are finite, that every weight moved away from its initial value, and that the fi
 holds exactly the network's parameters. With THOR the embeddings and dense layers must have become
 ms_optim's THOR layers.
 """
-import importlib.util
+import importlib
 import os
+import subprocess
 import sys
 
+import mindspore as ms
 import numpy as np
 import pytest
 
-import mindspore as ms
-
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-BERT_DIR = os.path.join(REPO, "model_zoo", "bert")
+BERT_TRAIN = os.path.join(REPO, "model_zoo", "bert", "train.py")
 
 pytest.importorskip("tokenizers", reason="the BERT example needs HuggingFace tokenizers (examples extra)")
 
 
 def _load(name):
-    """Import a model_zoo/bert module under a private name (other zoo folders have a train.py too)."""
-    if BERT_DIR not in sys.path:
-        sys.path.insert(0, BERT_DIR)
-    if name != "train":  # bert_model/bert_data: unique names, shared with train.py's own imports
-        return importlib.import_module(name)
-    key = "_bert_zoo_train"
-    if key not in sys.modules:
-        spec = importlib.util.spec_from_file_location(key, os.path.join(BERT_DIR, "train.py"))
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[key] = module
-        spec.loader.exec_module(module)
-    return sys.modules[key]
+    """A model_zoo/bert module, by its one name ``model_zoo.bert.NAME`` (see model_zoo/README.md)."""
+    return importlib.import_module(f"model_zoo.bert.{name}")
 
 
 WORDS = ("the a cat dog bird runs jumps flies over under near quickly slowly red blue green house tree "
@@ -90,7 +80,8 @@ def test_tiny_bert_pretrains_with_each_optimizer(corpus, tmp_path, optimizer, ca
     printed = capsys.readouterr().out
     assert result["steps"] == 4 and len(result["losses"]) >= 2
     assert all(np.isfinite(result["losses"]))
-    assert "step 4/4 loss" in printed, printed
+    assert "epoch 2/2 step 2/2 (global 4) loss" in printed and "tokens/s" in printed, printed
+    assert "epoch 2/2 done: 2 steps in" in printed and "elapsed" in printed and "\r" not in printed
 
     tokenizer = _load("bert_data").load_tokenizer(vocab)
     config = bert_model.get_config("tiny", tokenizer.get_vocab_size(), hidden_dropout_prob=0.0,
@@ -129,3 +120,58 @@ def test_train_help_and_configs(capsys):
     assert (large.hidden_size, large.num_hidden_layers, large.num_attention_heads) == (1024, 24, 16)
     with pytest.raises(ValueError, match="num_attention_heads"):
         bert_model.get_config("tiny", 100, num_attention_heads=3)
+
+
+def _run_train(args, cwd, timeout=600):
+    """model_zoo/bert/train.py as a user runs it (a file, from another directory)."""
+    return subprocess.run([sys.executable, BERT_TRAIN, *args], cwd=str(cwd), capture_output=True, text=True,
+                          timeout=timeout)
+
+
+def _stderr_lines(proc):
+    return [line for line in proc.stderr.splitlines() if line.strip()]
+
+
+@pytest.mark.parametrize("case", ["missing", "not_utf8", "bad_option"])
+def test_bad_input_is_one_line_exit_2_and_nothing_written(corpus, tmp_path, case):
+    """A missing or non-UTF-8 text file, or a bad option value: one line on stderr, exit status 2, and
+    neither the output directory nor anything else in the working directory is created."""
+    paths, _ = corpus
+    cwd = tmp_path / "cwd"
+    cwd.mkdir()
+    latin = tmp_path / "latin.txt"
+    latin.write_bytes("na\xefve caf\xe9 text\n".encode("latin-1") * 50)
+    data, extra, expect = {"missing": ([str(tmp_path / "nope.txt")], [], "text file not found"),
+                           "not_utf8": ([str(latin)], [], "valid UTF-8"),
+                           "bad_option": (paths, ["--batch-size", "0"], "--batch-size: must be >= 1")}[case]
+    out = tmp_path / "out"
+    proc = _run_train(["--data", *data, "--config", "tiny", "--vocab-size", "60", "--output-dir", str(out), *extra],
+                      cwd)
+    lines = _stderr_lines(proc)
+    assert proc.returncode == 2, proc.stderr
+    assert len(lines) == 1 and expect in lines[0] and "Traceback" not in proc.stderr, proc.stderr
+    assert not out.exists() and os.listdir(cwd) == []
+
+
+@pytest.mark.slow
+def test_diverging_run_stops_with_one_line_and_keeps_only_finite_checkpoints(corpus, tmp_path):
+    """Lamb at lr 1e8 diverges within a few steps: exit status 1, one line on stderr naming the step and
+    the last finite checkpoint, which is still on disk although --keep-checkpoints is 1; every
+    checkpoint left is finite."""
+    paths, vocab = corpus
+    out = tmp_path / "out"
+    proc = _run_train(["--data", *paths, "--vocab", vocab, "--config", "tiny", "--seq-length", "32", "--batch-size",
+                       "8", "--max-predictions", "5", "--epochs", "3", "--steps-per-epoch", "3", "--lr", "1e8",
+                       "--save-steps", "1", "--keep-checkpoints", "1", "--no-sink", "--output-dir", str(out)],
+                      tmp_path)
+    lines = _stderr_lines(proc)
+    assert proc.returncode == 1, proc.stdout[-2000:] + proc.stderr[-2000:]
+    assert len(lines) == 1 and "became" in lines[0] and "training stopped" in lines[0], proc.stderr
+    ckpts = sorted(f for f in os.listdir(out) if f.endswith(".ckpt"))
+    assert ckpts and not any(f.endswith("_final.ckpt") for f in ckpts)
+    assert f"last finite checkpoint {out / ckpts[-1]}" in lines[0]
+    for name in ckpts:
+        for key, value in ms.load_checkpoint(str(out / name)).items():
+            value = value.asnumpy()
+            if np.issubdtype(value.dtype, np.floating):
+                assert np.all(np.isfinite(value)), (name, key)

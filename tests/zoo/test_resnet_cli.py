@@ -13,14 +13,12 @@ import subprocess
 import sys
 
 import pytest
+from zoo_data import CONFIGS, EVAL, SCRIPTS, TRAIN, write_cifar10, write_image_folder, write_rank_table
 
-from zoo_data import CONFIGS, EVAL, SCRIPTS, TRAIN, ZOO, write_cifar10, write_image_folder, write_rank_table
+from model_zoo.resnet.src.config import SCHEMA, ConfigError, load_config
 
 LAUNCHERS = ["run_standalone_train.sh", "run_distribute_train.sh", "run_distribute_train_msrun.sh",
              "run_distribute_train_gpu.sh", "run_distribute_train_cpu.sh", "run_eval.sh"]
-
-sys.path.insert(0, ZOO)
-from src.config import SCHEMA, ConfigError, load_config  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -87,10 +85,13 @@ def test_config_overrides_and_errors(tmp_path):
     path.write_text("net: resnet18\nweight_decay: 5e-4\nsplit_indices: [1, 2]\n")
     config = load_config(str(path), {"epoch_size": 2})
     assert config["weight_decay"] == 5e-4 and config["epoch_size"] == 2  # PyYAML reads 5e-4 as a string
-    for text, message in [("bogus: 1\n", "unknown key 'bogus'"), ("batch_size: 3.5\n", "'batch_size' must be an int"),
+    for text, message in [("bogus: 1\n", "unknown key 'bogus'"),
+                          ("batch_size: 3.5\n", "'batch_size' must be an int"),
                           ("batch_size: true\n", "'batch_size' must be an int"), ("net: vgg\n", "'net' must be one of"),
-                          ("momentum: fast\n", "'momentum' must be a number"), ("batch_size: 0\n", "'batch_size' must be >= 1"),
-                          ("split_indices: [5, 3]\n", "increasing"), ("- a\n", "mapping"), ("a: [\n", "not valid YAML")]:
+                          ("momentum: fast\n", "'momentum' must be a number"),
+                          ("batch_size: 0\n", "'batch_size' must be >= 1"),
+                          ("split_indices: [5, 3]\n", "increasing"), ("- a\n", "mapping"),
+                          ("a: [\n", "not valid YAML")]:
         path.write_text(text)
         with pytest.raises(ConfigError, match=message.replace("[", r"\[")):
             load_config(str(path))
@@ -145,6 +146,37 @@ def test_refuses_bad_config_and_overrides(tmp_path, data):
              "'lr_end_epoch' (45) must be >= 'epoch_size' (60)")
 
 
+def test_refuses_non_utf8_and_duplicated_keys(tmp_path, data):
+    latin = tmp_path / "latin.yaml"
+    latin.write_bytes("net: resnet18\n# r\xe9sum\xe9\n".encode("latin-1"))
+    _refused(tmp_path, ["--config_path", str(latin), "--data_path", data["cifar"]], "not UTF-8 text (byte 0xe9")
+    dup = tmp_path / "dup.yaml"
+    dup.write_text("net: resnet18\nbatch_size: 4\nepoch_size: 1\nbatch_size: 8\n")
+    _refused(tmp_path, ["--config_path", str(dup), "--data_path", data["cifar"]],
+             "duplicated key 'batch_size' on line 4 (first on line 2)")
+    with pytest.raises(ConfigError, match="duplicated key 'net' on line 1"):  # also inside a flow mapping
+        dup.write_text("{net: resnet18, net: resnet50}\n")
+        load_config(str(dup))
+
+
+def test_eval_checks_output_json_before_evaluating(tmp_path, data):
+    """A result file in a missing directory is refused up front (the evaluation may take hours)."""
+    cfg = os.path.join(CONFIGS, "resnet18_cifar10_momentum.yaml")
+    test_data = write_cifar10(str(tmp_path / "cifar_test"), train_per_file=0, files=0)
+    ckpt = tmp_path / "w.ckpt"
+    ckpt.write_bytes(b"x")
+    cwd = tmp_path / "cwd"
+    cwd.mkdir()
+    missing = tmp_path / "no_such_dir" / "result.json"
+    proc = subprocess.run([sys.executable, EVAL, "--config_path", cfg, "--data_path", test_data, "--checkpoint_path",
+                           str(ckpt), "--output_json", str(missing)], cwd=str(cwd), capture_output=True, text=True,
+                          timeout=120)
+    lines = [line for line in proc.stderr.splitlines() if line.strip()]
+    assert proc.returncode == 2 and len(lines) == 1, proc.stderr
+    assert f"--output_json: directory does not exist: {missing.parent}" in lines[0]
+    assert not missing.parent.exists() and os.listdir(cwd) == []
+
+
 def test_help_documents_every_option():
     for script in (TRAIN, EVAL):
         proc = subprocess.run([sys.executable, script, "--help"], capture_output=True, text=True, timeout=60)
@@ -194,7 +226,8 @@ def test_launchers_name_missing_paths(tmp_path, data):
              ("run_distribute_train.sh", [missing, data["cifar"], cfg], "RANK_TABLE_FILE is not a file"),
              ("run_distribute_train.sh", [table, missing, cfg], "DATA_PATH does not exist"),
              ("run_distribute_train.sh", [cfg, data["cifar"], cfg], "is not a rank table"),
-             ("run_distribute_train.sh", [table, data["cifar"], cfg, "16"], "lists 8 devices, fewer than DEVICE_NUM=16"),
+             ("run_distribute_train.sh", [table, data["cifar"], cfg, "16"],
+              "lists 8 devices, fewer than DEVICE_NUM=16"),
              ("run_distribute_train_msrun.sh", ["2", missing, cfg], "DATA_PATH does not exist"),
              ("run_distribute_train_gpu.sh", ["2", data["cifar"], missing], "CONFIG_PATH is not a file"),
              ("run_distribute_train_gpu.sh", ["--mpirun", "2", missing, cfg], "DATA_PATH does not exist"),
@@ -284,4 +317,48 @@ def test_msrun_cpu_standalone_and_eval_dry_runs(tmp_path, data):
     ckpt.write_bytes(b"x")
     proc = _bash("run_eval.sh", "--dry-run", data["cifar"], str(ckpt), cfg, env={"RUN_DIR": run_dir})
     assert proc.returncode == 0 and f"--checkpoint_path {ckpt}" in proc.stdout
+    assert not os.path.exists(run_dir)
+
+
+def test_standalone_launcher_refused_run_leaves_nothing(tmp_path, data):
+    """train.py refusing its arguments through run_standalone_train.sh: exit status 2, train.py's one
+    line on stderr (not on stdout), and no runs/ directory or train.log left behind."""
+    cfg = os.path.join(CONFIGS, "resnet18_cifar10_momentum.yaml")
+    cwd = tmp_path / "cwd"
+    cwd.mkdir()
+    proc = _bash("run_standalone_train.sh", data["cifar"], cfg, "--", "--epoch_size=two", cwd=str(cwd),
+                 env={"DEVICE_TARGET": "CPU"})
+    lines = [line for line in proc.stderr.splitlines() if line.strip()]
+    assert proc.returncode == 2, (proc.stdout, proc.stderr)
+    assert lines == ["train.py: error: command line: --epoch_size must be an int, got 'two'"], proc.stderr
+    assert "error" not in proc.stdout
+    assert os.listdir(cwd) == []
+
+
+def test_dry_run_quotes_paths_for_a_shell(tmp_path, data):
+    """Paths with spaces (and other shell characters) print quoted: every dry-run line pastes into a shell
+    and gives back exactly the arguments the launcher would run."""
+    import shlex
+
+    spaced = tmp_path / "my data $x"
+    shutil.copytree(data["cifar"], spaced)
+    cfg_dir = tmp_path / "my configs"
+    cfg_dir.mkdir()
+    cfg = shutil.copy(os.path.join(CONFIGS, "resnet18_cifar10_thor.yaml"), cfg_dir / "thor cfg.yaml")
+    run_dir = str(tmp_path / "run dir")
+    for script, args in [("run_standalone_train.sh", [str(spaced), str(cfg)]),
+                         ("run_distribute_train_msrun.sh", ["2", str(spaced), str(cfg)]),
+                         ("run_distribute_train_cpu.sh", ["2", str(spaced), str(cfg)])]:
+        proc = _bash(script, "--dry-run", *args, "--", "--epoch_size=1", env={"RUN_DIR": run_dir,
+                                                                                "DEVICE_TARGET": "CPU"})
+        assert proc.returncode == 0, (script, proc.stderr)
+        env, where, cmd = _rank_lines(proc.stdout, 0)
+        words = shlex.split(cmd[len("rank 0: cmd "):])
+        assert words[words.index("--data_path") + 1] == str(spaced), (script, cmd)
+        assert words[words.index("--config_path") + 1] == str(cfg), (script, cmd)
+        assert words[words.index("--output_dir") + 1] == run_dir + "/output", (script, cmd)
+        assert run_dir + "/" in " ".join(shlex.split(where.split(": ", 1)[1])), (script, where)
+        for line in proc.stdout.splitlines():
+            if line.startswith("launcher:"):
+                assert str(spaced) in shlex.split(line[len("launcher:"):]), line
     assert not os.path.exists(run_dir)

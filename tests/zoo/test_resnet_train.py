@@ -21,8 +21,7 @@ import sys
 
 import numpy as np
 import pytest
-
-from zoo_data import CONFIGS, EVAL, SCRIPTS, TRAIN, ZOO, write_cifar10, write_image_folder
+from zoo_data import CONFIGS, EVAL, SCRIPTS, TRAIN, write_cifar10, write_image_folder
 
 TINY = ["--width=4", "--image_size=16", "--batch_size=4", "--eval_batch_size=4", "--num_parallel_workers=1",
         "--log_interval=1", "--stem=cifar", "--class_num=10"]
@@ -85,10 +84,9 @@ def test_published_architectures_build_and_convert():
     import mindspore as ms
     from mindspore import Tensor
 
-    sys.path.insert(0, ZOO)
-    from src.resnet import build_resnet
+    from model_zoo.resnet.src.resnet import build_resnet
     from ms_optim import nn as thor_nn
-    from ms_optim.thor.layers import ThorLayer
+    from ms_optim._thor.layers import ThorLayer
 
     expected = {("resnet18", 1000): 11689512, ("resnet34", 1000): 21797672, ("resnet50", 1000): 25557032,
                 ("resnet50", 1001): 25559081, ("resnet101", 1000): 44549160}
@@ -103,7 +101,7 @@ def test_published_architectures_build_and_convert():
         thor_nn.thor(net, lr, damping, 0.9, 5e-4, 128.0, 32, split_indices=[26, 54], frequency=834)
     opt = thor_nn.thor(net, lr, damping, 0.9, 5e-4, 128.0, 32, split_indices=[26, 53], frequency=834)
     layers = [cell for _, cell in net.cells_and_names() if isinstance(cell, ThorLayer)]
-    assert len(layers) == 54 and [l.kind for l in layers].count("conv") == 53
+    assert len(layers) == 54 and [layer.kind for layer in layers].count("conv") == 53
     assert {p.name: p.asnumpy().shape for p in net.trainable_params()} == {k: v.shape for k, v in plain.items()}
     assert opt is not None
     del ms
@@ -117,7 +115,7 @@ def test_thor_cifar_resume_is_exact_and_eval(tmp_path, data):
     extra = [*THOR_ARGS, "--epoch_size=3", "--steps_per_epoch=3", "--save_checkpoint_steps=2"]
     full = _train(THOR_CIFAR, data["cifar"], tmp_path / "full", *extra, cwd=tmp_path)
     assert re.search(r"epoch 1/3 step 1/3 \(global 1\) loss [0-9.]+ lr [0-9.]+ step [0-9.]+ ms images/s", full)
-    assert "epoch 3/3 done: 3 steps" in full
+    assert "epoch 3/3 done: 3 steps" in full and "elapsed" in full and "\r" not in full  # plain lines in a log
     saved = sorted(os.path.basename(p) for p in glob.glob(str(tmp_path / "full" / "ckpt_0" / "*.ckpt")))
     assert saved == ["resnet18-1_2.ckpt", "resnet18-2_1.ckpt", "resnet18-2_3.ckpt", "resnet18-3_2.ckpt",
                      "resnet18-3_3.ckpt"]
@@ -195,3 +193,47 @@ def test_cpu_msrun_two_workers_thor(tmp_path, data):
     rank1 = _ckpt(run_dir / "output" / "ckpt_1" / "resnet18-1_3.ckpt")
     _assert_same_state(rank0, rank1)
     assert int(rank0["global_step"].reshape(-1)[0]) == 3
+
+
+def _run_failing(cmd, cwd):
+    """Without the shared compile cache, whose own warnings would add stderr lines."""
+    proc = subprocess.run(cmd, cwd=str(cwd), capture_output=True, text=True, timeout=300)
+    assert "Traceback" not in proc.stderr, proc.stderr
+    return proc, [line for line in proc.stderr.splitlines() if line.strip()]
+
+
+@pytest.mark.slow
+def test_diverging_run_stops_and_every_checkpoint_left_is_finite(tmp_path, data):
+    """Momentum at lr_max 1e5, a checkpoint every step, only one kept: the run stops at the first
+    non-finite loss or state with one line on stderr and exit status 1, and the one checkpoint left
+    (the last finite one, which rotation must not delete) holds only finite values."""
+    out = tmp_path / "out"
+    proc, lines = _run_failing([sys.executable, TRAIN, "--config_path", MOM_CIFAR, "--data_path", data["cifar"],
+                                "--output_dir", str(out), "--device_target", "CPU", *TINY, "--epoch_size=3",
+                                "--steps_per_epoch=4", "--lr_max=100000", "--save_checkpoint_steps=1",
+                                "--keep_checkpoint_max=1"], tmp_path)
+    assert proc.returncode == 1, proc.stdout[-2000:] + proc.stderr[-2000:]
+    assert len(lines) == 1 and lines[0].startswith("train.py: error: step "), proc.stderr
+    assert "non-finite" in lines[0] or "loss became" in lines[0]
+    saved = glob.glob(str(out / "ckpt_0" / "*.ckpt"))
+    assert len(saved) == 1 and f"last finite checkpoint {saved[0]}" in lines[0], (saved, lines)
+    for key, value in _ckpt(saved[0]).items():
+        if np.issubdtype(value.dtype, np.floating):
+            assert np.all(np.isfinite(value)), key
+
+
+@pytest.mark.slow
+def test_corrupt_image_mid_training_names_the_file_exit_2(tmp_path):
+    """An ImageFolder image that cannot be decoded, met while training: exit status 2, no traceback,
+    and the last stderr line is the trainer's one-line error naming the file (MindSpore's data
+    pipeline logs its own ERROR line before it)."""
+    images = write_image_folder(str(tmp_path / "images"), per_class=4, classes=2, size=24)
+    bad = os.path.join(images, "n00000001", "img_0002.png")
+    with open(bad, "wb") as handle:
+        handle.write(b"\x89PNG\r\n\x1a\n" + b"not an image" * 8)
+    config = os.path.join(CONFIGS, "resnet50_imagenet2012_momentum.yaml")
+    proc, lines = _run_failing([sys.executable, TRAIN, "--config_path", config, "--data_path", images,
+                                "--output_dir", str(tmp_path / "out"), "--device_target", "CPU", *TINY,
+                                "--net=resnet18", "--epoch_size=2"], tmp_path)
+    assert proc.returncode == 2, proc.stdout[-2000:] + proc.stderr[-2000:]
+    assert lines[-1].startswith("train.py: error: cannot decode image ") and bad in lines[-1], proc.stderr

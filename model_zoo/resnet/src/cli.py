@@ -1,24 +1,20 @@
 """Command-line parsing shared by train.py and eval.py: fixed options plus one option per config key.
 
-All user-input problems become ``ConfigError`` (one line, exit status 2, no traceback), raised before
-MindSpore is imported and before anything is written.
+All user-input problems become ``InputError``/``ConfigError`` (one line, exit status 2, no traceback, via
+``model_zoo.common.cli.run_main``), raised before MindSpore is imported and before anything is written.
 """
 from __future__ import annotations
 
 import argparse
-import sys
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict
 
-from .config import SCHEMA, ConfigError, parse_value
+from model_zoo.common.cli import OneLineArgumentParser, run_main
+
+from .config import SCHEMA, parse_value
 
 __all__ = ["ZooArgumentParser", "add_config_options", "config_overrides", "run_main"]
 
-
-class ZooArgumentParser(argparse.ArgumentParser):
-    """argparse that reports a bad command line as ConfigError instead of printing usage."""
-
-    def error(self, message: str):  # noqa: D401 - argparse API
-        raise ConfigError(message)
+ZooArgumentParser = OneLineArgumentParser  # a bad command line is one line, exit status 2
 
 
 def add_config_options(parser: argparse.ArgumentParser) -> None:
@@ -43,15 +39,3 @@ def config_overrides(args: argparse.Namespace) -> Dict[str, Any]:
         if text is not None:
             out[key] = parse_value(key, text)
     return out
-
-
-def run_main(main, argv: Optional[List[str]], prog: str) -> int:
-    """Run ``main(argv)``; ConfigError -> one line on stderr and exit status 2."""
-    try:
-        return int(main(argv) or 0)
-    except ConfigError as exc:
-        print(f"{prog}: error: {exc}", file=sys.stderr)
-        return 2
-    except KeyboardInterrupt:
-        print(f"{prog}: interrupted", file=sys.stderr)
-        return 130

@@ -14,11 +14,13 @@ import os
 from dataclasses import dataclass
 from typing import Any, Dict, List, Mapping, Optional
 
+from model_zoo.common.cli import InputError
+
 __all__ = ["ConfigError", "SCHEMA", "Key", "load_config", "parse_value", "format_config"]
 
 
-class ConfigError(Exception):
-    """A user-input problem: reported as one line, exit status 2, no traceback."""
+class ConfigError(InputError):
+    """A problem with the config or the command line: reported as one line, exit status 2, no traceback."""
 
 
 @dataclass(frozen=True)
@@ -33,24 +35,31 @@ class Key:
 SCHEMA: Dict[str, Key] = {
     # network
     "net": Key("str", "resnet50", "architecture", ("resnet18", "resnet34", "resnet50", "resnet101")),
-    "class_num": Key("int", 1001, "number of classes (1001 in MindSpore's ImageNet zoo, 1000 in torchvision)", minimum=2),
-    "width": Key("int", 64, "channels of the first stage (64 = the published network; small values for smoke tests)", minimum=1),
-    "stem": Key("str", "imagenet", "'imagenet' (7x7/2 conv + max pool) or 'cifar' (3x3/1 conv)", ("imagenet", "cifar")),
+    "class_num": Key("int", 1001, "number of classes (1001 in MindSpore's ImageNet zoo, 1000 in torchvision)",
+                     minimum=2),
+    "width": Key("int", 64, "channels of the first stage (64 = the published network; small values for smoke tests)",
+                 minimum=1),
+    "stem": Key("str", "imagenet", "'imagenet' (7x7/2 conv + max pool) or 'cifar' (3x3/1 conv)",
+                ("imagenet", "cifar")),
     # data
-    "dataset": Key("str", "imagenet2012", "data format: 'imagenet2012' (ImageFolder tree) or 'cifar10' (binary batches)",
+    "dataset": Key("str", "imagenet2012",
+                   "data format: 'imagenet2012' (ImageFolder tree) or 'cifar10' (binary batches)",
                    ("imagenet2012", "cifar10")),
     "image_size": Key("int", 224, "side of the training/eval crop fed to the network", minimum=8),
     "batch_size": Key("int", 32, "images per device per step", minimum=1),
     "eval_batch_size": Key("int", 32, "images per step in eval", minimum=1),
     "num_parallel_workers": Key("int", 4, "data-pipeline worker threads", minimum=1),
-    "steps_per_epoch": Key("int", 0, "0 = one pass over this rank's shard; N > 0 caps every epoch at N steps", minimum=0),
-    "dataset_sink_mode": Key("bool", True, "sink data to the device, callbacks once per epoch (Ascend/GPU; CPU always trains step by step)"),
+    "steps_per_epoch": Key("int", 0, "0 = one pass over this rank's shard; N > 0 caps every epoch at N steps",
+                           minimum=0),
+    "dataset_sink_mode": Key("bool", True, "sink data to the device, callbacks once per epoch "
+                             "(Ascend/GPU; CPU always trains step by step)"),
     # training
     "optimizer": Key("str", "thor", "'thor' or 'momentum'", ("thor", "momentum")),
     "epoch_size": Key("int", 45, "epochs to train", minimum=1),
     "momentum": Key("float", 0.9, "momentum", minimum=0.0),
     "weight_decay": Key("float", 5e-4, "weight decay", minimum=0.0),
-    "loss_scale": Key("float", 128.0, "static loss scale (FixedLossScaleManager, drop_overflow_update=False)", minimum=1.0),
+    "loss_scale": Key("float", 128.0, "static loss scale (FixedLossScaleManager, drop_overflow_update=False)",
+                      minimum=1.0),
     "label_smoothing": Key("float", 0.1, "label smoothing factor of the cross-entropy loss", minimum=0.0),
     "amp_level": Key("str", "auto", "'auto' (O2 on Ascend/GPU, O0 on CPU) or O0/O1/O2/O3",
                      ("auto", "O0", "O1", "O2", "O3")),
@@ -73,7 +82,8 @@ SCHEMA: Dict[str, Key] = {
     "warmup_epochs": Key("int", 0, "Momentum: linear warmup epochs from lr_end", minimum=0),
     # bookkeeping
     "log_interval": Key("int", 100, "print a progress line every N steps", minimum=1),
-    "save_checkpoint_steps": Key("int", 5000, "write a checkpoint every N global steps (and always at the end)", minimum=1),
+    "save_checkpoint_steps": Key("int", 5000, "write a checkpoint every N global steps (and always at the end)",
+                                 minimum=1),
     "keep_checkpoint_max": Key("int", 10, "keep at most this many checkpoints per rank", minimum=1),
 }
 
@@ -140,18 +150,45 @@ def parse_value(key: str, text: str) -> Any:
     return check_value(source, key, value)
 
 
-def load_config(path: str, overrides: Optional[Mapping[str, Any]] = None) -> Dict[str, Any]:
-    """Defaults, then the YAML file at ``path``, then ``overrides`` (already parsed); checked."""
+def _parse_yaml(path: str, text: str) -> Any:
+    """``yaml.safe_load`` that refuses a mapping with a repeated key (YAML itself lets the last win)."""
     import yaml  # the `examples` extra
 
+    class UniqueKeyLoader(yaml.SafeLoader):
+        def construct_mapping(self, node, deep=False):
+            seen = {}
+            for key_node, _ in node.value:
+                key = self.construct_object(key_node, deep=True)
+                line = key_node.start_mark.line + 1
+                try:
+                    if key in seen:
+                        raise ConfigError(f"config {path}: duplicated key '{key}' on line {line} "
+                                          f"(first on line {seen[key]})")
+                    seen[key] = line
+                except TypeError:  # an unhashable key: PyYAML reports it below
+                    continue
+            return super().construct_mapping(node, deep=deep)
+
+    try:
+        return yaml.load(text, Loader=UniqueKeyLoader)  # a SafeLoader subclass: no arbitrary objects
+    except yaml.YAMLError as exc:
+        first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        raise ConfigError(f"config {path}: not valid YAML ({first})") from None
+
+
+def load_config(path: str, overrides: Optional[Mapping[str, Any]] = None) -> Dict[str, Any]:
+    """Defaults, then the YAML file at ``path``, then ``overrides`` (already parsed); checked."""
     if not os.path.isfile(path):
         raise ConfigError(f"config file not found: {path}")
     try:
         with open(path, encoding="utf-8") as handle:
-            data = yaml.safe_load(handle)
-    except yaml.YAMLError as exc:
-        first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-        raise ConfigError(f"config {path}: not valid YAML ({first})") from None
+            text = handle.read()
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"config {path}: not UTF-8 text (byte {exc.object[exc.start]:#04x} at offset "
+                          f"{exc.start})") from None
+    except OSError as exc:
+        raise ConfigError(f"config {path}: cannot be read ({exc.strerror})") from None
+    data = _parse_yaml(path, text)
     if data is None:
         data = {}
     if not isinstance(data, dict):

@@ -1,4 +1,4 @@
-"""Per-step schedules of the zoo. THOR's lr and damping come from ``ms_optim.thor.schedules`` (the
+"""Per-step schedules of the zoo. THOR's lr and damping come from ``ms_optim._thor.schedules`` (the
 model zoo's generators); this module adds the Momentum baseline's warmup + decay schedule.
 
 Momentum, for step s (0-based) with W warmup steps and T total steps:
@@ -46,7 +46,7 @@ def thor_schedules(config: Dict[str, Any], steps_per_epoch: int) -> Tuple[np.nda
     A resumed run uses the same arrays: the optimizer's restored ``global_step`` indexes them, so the
     schedule continues exactly where the checkpoint left it.
     """
-    from ms_optim.thor.schedules import get_thor_damping, get_thor_lr
+    from ms_optim._thor.schedules import get_thor_damping, get_thor_lr
 
     lr = get_thor_lr(0, config["lr_init"], config["lr_decay"], config["lr_end_epoch"], steps_per_epoch,
                      decay_epochs=config["decay_epochs"])

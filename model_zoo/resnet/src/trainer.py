@@ -2,15 +2,19 @@
 from __future__ import annotations
 
 import os
+import re
 import sys
 import time
 from typing import Any, Dict, Tuple
 
-import numpy as np
 import mindspore as ms
+import numpy as np
 from mindspore import Tensor
 
-from .callbacks import ProgressMonitor, RankStatsAverager, StepCheckpoint
+from model_zoo.common.context import set_device
+from model_zoo.common.progress import LinePrinter, ProgressMonitor
+
+from .callbacks import RankStatsAverager, StepCheckpoint
 from .config import ConfigError
 from .dataset import create_dataset
 from .lr_schedule import momentum_lr, thor_schedules
@@ -19,30 +23,32 @@ from .resnet import build_resnet
 __all__ = ["train", "setup_context", "build_network", "build_loss", "amp_level_for"]
 
 
-def log(message: str) -> None:
-    print(message, flush=True)
+log = LinePrinter()
+_DATA_FILE = re.compile(r"The corresponding data file is: (.+?)\.(?:\s|$)")
+
+
+def _bad_data_file(exc: RuntimeError) -> str:
+    """The file MindSpore's data pipeline names in ``exc`` (an image it cannot decode), or ''."""
+    match = _DATA_FILE.search(str(exc))
+    return match.group(1) if match else ""
 
 
 def setup_context(device_target: str, mode: str, distributed: bool) -> Tuple[int, int]:
     """Execution mode, device and (when distributed) the communication group; returns (rank, size)."""
-    ms.set_context(mode=ms.GRAPH_MODE if mode == "graph" else ms.PYNATIVE_MODE, device_target=device_target)
-    if device_target == "Ascend" and "DEVICE_ID" in os.environ and not distributed:
-        ms.set_context(device_id=int(os.environ["DEVICE_ID"]))
+    ms.set_context(mode=ms.GRAPH_MODE if mode == "graph" else ms.PYNATIVE_MODE)
+    device_id = None
+    if device_target == "Ascend" and "DEVICE_ID" in os.environ and not (distributed and "MS_WORKER_NUM" in os.environ):
+        device_id = int(os.environ["DEVICE_ID"])  # standalone, or a rank-table launch (msrun sets its own)
+    set_device(device_target, device_id)
     if not distributed:
         return 0, 1
     from mindspore.communication import get_group_size, get_rank, init
 
-    if device_target == "CPU":
-        # MindSpore 2.10 under NumPy 2: the first eager op that converts a Python scalar fails once
-        # (SystemError/ImportError) and works afterwards. If that first failure happens after init(),
-        # the worker leaves the msrun cluster abnormally, so take it here, before init().
-        try:
-            _ = Tensor(np.ones(1, np.float32)) * 1.0
-        except (SystemError, ImportError):
-            pass
+    from ms_optim._bridge import prime_numpy_bridge
 
-    if device_target == "Ascend" and "DEVICE_ID" in os.environ and "MS_WORKER_NUM" not in os.environ:
-        ms.set_context(device_id=int(os.environ["DEVICE_ID"]))  # rank-table launch
+    if device_target == "CPU":
+        prime_numpy_bridge()  # before init(): see ms_optim._bridge
+
     init()
     rank, size = get_rank(), get_group_size()
     ms.set_auto_parallel_context(parallel_mode=ms.ParallelMode.DATA_PARALLEL, gradients_mean=True,
@@ -117,7 +123,7 @@ def _load_resume(path: str, cells, steps_per_epoch: int) -> int:
                           f"{steps_per_epoch} (same data, batch_size, steps_per_epoch and ranks needed)")
     missing = []
     for cell in cells:
-        for name, param in cell.parameters_and_names():
+        for _, param in cell.parameters_and_names():
             if param.name in ("learning_rate", "damping"):
                 continue  # schedules come from the config (so a run can be extended); global_step indexes them
             if param.name not in state:
@@ -136,11 +142,8 @@ def _load_resume(path: str, cells, steps_per_epoch: int) -> int:
 
 def train(args, config: Dict[str, Any], config_text: str) -> int:
     if config["optimizer"] == "thor":
-        # Load THOR before init(): workers then leave the msrun cluster cleanly at exit.
-        from ms_optim import nn as thor_nn
+        # Imported before init(): msrun workers then leave the cluster cleanly at exit.
         from ms_optim.train_thor import ConvertModelUtils
-
-        assert callable(thor_nn.thor)
     rank, size = setup_context(args.device_target, config["mode"], args.run_distribute)
     steps_per_epoch = _steps_per_epoch(config, args.data_path, rank, size)
     total_steps = config["epoch_size"] * steps_per_epoch
@@ -186,11 +189,12 @@ def train(args, config: Dict[str, Any], config_text: str) -> int:
     # and step mode gives per-step progress lines and checkpoints.
     sink = config["dataset_sink_mode"] and args.device_target != "CPU"
     prefix = config["net"]
-    monitor = ProgressMonitor(config["epoch_size"], steps_per_epoch, config["batch_size"], size,
-                              config["log_interval"], lr=lr, printer=log)
+    monitor = ProgressMonitor(config["epoch_size"], steps_per_epoch, config["batch_size"] * size,
+                              config["log_interval"], unit="images", lr=lr, printer=log)
     saver = StepCheckpoint(ckpt_dir, prefix, (net, opt), config["save_checkpoint_steps"],
                            config["keep_checkpoint_max"], steps_per_epoch, total_steps, printer=log,
-                           before_save=RankStatsAverager((net, opt), size) if size > 1 else None)
+                           before_save=RankStatsAverager((net, opt), size) if size > 1 else None,
+                           stop_on_loss=size == 1)  # ranks must stop at the same step: see FiniteCheckpoint
     t0 = time.perf_counter()
     first_epoch, skip = divmod(start_step, steps_per_epoch)
     for epoch in range(first_epoch, config["epoch_size"]):
@@ -199,13 +203,17 @@ def train(args, config: Dict[str, Any], config_text: str) -> int:
                               seed=config["seed"], epoch=epoch, rank_size=size, rank_id=rank,
                               num_parallel_workers=config["num_parallel_workers"], steps=steps_per_epoch,
                               skip_steps=skip_now)
-        step0 = epoch * steps_per_epoch + skip_now
-        monitor.start_step = saver.start_step = step0
-        monitor.epoch = epoch
-        model.train(1, data, callbacks=[monitor, saver], dataset_sink_mode=sink, sink_size=-1)
-        if not np.isfinite(monitor.last_loss):
-            log(f"[rank {rank}] training stopped: non-finite loss")
-            return 1
+        monitor.start_step = saver.start_step = epoch * steps_per_epoch + skip_now
+        try:
+            model.train(1, data, callbacks=[monitor, saver], dataset_sink_mode=sink, sink_size=-1)
+        except RuntimeError as exc:
+            bad = _bad_data_file(exc)
+            if not bad:
+                raise
+            kept = f"; last checkpoint {saver.last_path}" if saver.last_path else ""
+            raise ConfigError(f"cannot decode image {bad} (corrupt or not an image): remove or replace it"
+                              f"{kept}") from None
+        saver.raise_if_failed()
     seconds = time.perf_counter() - t0
     done = total_steps - start_step
     log(f"[rank {rank}] finished: {done} steps in {seconds:.1f} s "

@@ -1,0 +1,1 @@
+"""ms_optim's model zoo: training scripts run as files from a checkout (see model_zoo/README.md)."""
