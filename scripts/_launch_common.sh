@@ -73,21 +73,54 @@ check_device_target() {
 # default_run_dir KIND: ./runs/KIND_<time>_<pid>
 default_run_dir() { echo "$PWD/runs/${1}_$(date +%Y%m%d_%H%M%S)_$$"; }
 
-# print_rank RANK ENV WHERE CMD...: the three dry-run lines of one rank.
+# shq WORD...: the words quoted as a shell needs them (printf %q), space-separated, e.g. for paths with spaces.
+shq() {
+  local out
+  printf -v out '%q ' "$@"
+  printf '%s' "${out% }"
+}
+
+# print_rank RANK ENV WHERE CMD...: the three dry-run lines of one rank (ENV and WHERE quote their own
+# values with shq; CMD is quoted here), so each line can be pasted into a shell.
 print_rank() {
   local rank="$1" env="$2" where="$3"
   shift 3
   echo "rank $rank: env $env"
   echo "rank $rank: $where"
-  echo "rank $rank: cmd $*"
+  echo "rank $rank: cmd $(shq "$@")"
 }
 
-# run_tee LOG CMD...: run CMD, its output to the terminal and LOG; sets status to CMD's exit status.
+# make_run_dir DIR: mkdir -p DIR, remembering in created_dirs the directories it created (deepest first).
+make_run_dir() {
+  local dir="$1"
+  created_dirs=()
+  while [[ ! -e "$dir" ]]; do
+    created_dirs+=("$dir")
+    dir="$(dirname "$dir")"
+  done
+  mkdir -p "$1"
+}
+
+# discard_refused_run LOG: after the Python script refused its input (exit status 2, nothing written),
+# remove LOG and the directories make_run_dir created, if nothing else is in them.
+discard_refused_run() {
+  local dir
+  rm -f "$1"
+  for dir in ${created_dirs[@]+"${created_dirs[@]}"}; do
+    rmdir "$dir" 2>/dev/null || return 0
+  done
+}
+
+# run_tee LOG CMD...: run CMD, its stdout to the terminal's stdout, its stderr to the terminal's stderr,
+# and both to LOG; sets status to CMD's exit status.
 run_tee() {
   local log="$1"
   shift
+  : >"$log"
   set +e
-  "$@" 2>&1 | tee "$log"
+  # stdout goes to fd 4 (the outer tee), stderr into the inner tee, which writes it back to stderr;
+  # with pipefail the group's status is CMD's.
+  { "$@" 2>&1 1>&4 4>&- | tee -a "$log" >&2; } 4>&1 | tee -a "$log"
   status=${PIPESTATUS[0]}
   set -e
 }

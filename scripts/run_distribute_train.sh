@@ -67,8 +67,8 @@ for (( i = 0; i < DEVICE_NUM; i++ )); do
         --data_path "$DATA_PATH" --output_dir "$RUN_DIR/output" ${extra[@]+"${extra[@]}"})
   if [[ $dry_run -eq 1 ]]; then
     print_rank "$rank_id" \
-      "RANK_TABLE_FILE=$RANK_TABLE_FILE RANK_SIZE=$RANK_SIZE DEVICE_NUM=$DEVICE_NUM DEVICE_ID=$device_id RANK_ID=$rank_id" \
-      "cwd $work log $work/train.log" "${cmd[@]}"
+      "RANK_TABLE_FILE=$(shq "$RANK_TABLE_FILE") RANK_SIZE=$RANK_SIZE DEVICE_NUM=$DEVICE_NUM DEVICE_ID=$device_id RANK_ID=$rank_id" \
+      "cwd $(shq "$work") log $(shq "$work/train.log")" "${cmd[@]}"
     continue
   fi
   mkdir -p "$work"

@@ -45,9 +45,9 @@ cmd=("$MPIRUN" -n "$DEVICE_NUM" --output-filename "$LOG_DIR/mpi" --merge-stderr-
 if [[ $dry_run -eq 1 ]]; then
   for (( i = 0; i < DEVICE_NUM; i++ )); do
     print_rank "$i" "OMPI_COMM_WORLD_RANK=$i OMPI_COMM_WORLD_SIZE=$DEVICE_NUM DEVICE_TARGET=GPU (set by mpirun)" \
-      "log $LOG_DIR/mpi/1/rank.$i/stdout" "${train_cmd[@]}"
+      "log $(shq "$LOG_DIR/mpi/1/rank.$i/stdout")" "${train_cmd[@]}"
   done
-  echo "launcher: ${cmd[*]}"
+  echo "launcher: $(shq "${cmd[@]}")"
   exit 0
 fi
 command -v "$MPIRUN" >/dev/null 2>&1 || die "'$MPIRUN' not found: install OpenMPI or use the default msrun launch"

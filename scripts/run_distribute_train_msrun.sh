@@ -50,9 +50,9 @@ if [[ $dry_run -eq 1 ]]; then
   for (( i = 0; i < NUM; i++ )); do
     print_rank "$i" \
       "MS_ROLE=MS_WORKER MS_WORKER_NUM=$NUM MS_SCHED_HOST=$MASTER_ADDR MS_SCHED_PORT=$MASTER_PORT RANK_ID=$i DEVICE_TARGET=$DEVICE_TARGET (set by msrun)" \
-      "log $LOG_DIR/worker_$i.log" "$PYTHON" "${train_cmd[@]}"
+      "log $(shq "$LOG_DIR/worker_$i.log")" "$PYTHON" "${train_cmd[@]}"
   done
-  echo "launcher: ${cmd[*]}"
+  echo "launcher: $(shq "${cmd[@]}")"
   exit 0
 fi
 command -v "$MSRUN" >/dev/null 2>&1 || die "'$MSRUN' not found: install MindSpore (it provides msrun) or set MSRUN"

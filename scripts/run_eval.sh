@@ -33,10 +33,15 @@ cmd=("$PYTHON" "$EVAL_PY" --config_path "$CONFIG_PATH" --data_path "$DATA_PATH" 
      --device_target "$DEVICE_TARGET" --output_json "$RUN_DIR/result.json" ${extra[@]+"${extra[@]}"})
 
 if [[ $dry_run -eq 1 ]]; then
-  print_rank 0 "DEVICE_ID=$DEVICE_ID DEVICE_TARGET=$DEVICE_TARGET" "cwd $PWD log $RUN_DIR/eval.log" "${cmd[@]}"
+  print_rank 0 "DEVICE_ID=$DEVICE_ID DEVICE_TARGET=$DEVICE_TARGET" "cwd $(shq "$PWD") log $(shq "$RUN_DIR/eval.log")" \
+    "${cmd[@]}"
   exit 0
 fi
-mkdir -p "$RUN_DIR"
+make_run_dir "$RUN_DIR"
 DEVICE_ID="$DEVICE_ID" run_tee "$RUN_DIR/eval.log" "${cmd[@]}"
+if [[ $status -eq 2 && ! -e "$RUN_DIR/result.json" ]]; then
+  discard_refused_run "$RUN_DIR/eval.log"  # eval.py refused its input (its one line is on stderr)
+  exit 2
+fi
 echo "[$SCRIPT] exit status $status; log: $RUN_DIR/eval.log"
 exit "$status"

@@ -8,7 +8,9 @@
 #   TRAIN_ARGS   forwarded to train.py, e.g. -- --epoch_size=2 --resume ckpt
 # Environment: DEVICE_TARGET (Ascend|GPU|CPU; default: Ascend if npu-smi exists, else GPU if nvidia-smi
 #   exists, else CPU), RUN_DIR (default ./runs/standalone_<time>), PYTHON (default python3).
-# Writes RUN_DIR/train.log (also shown on the terminal) and RUN_DIR/output (config + checkpoints).
+# Writes RUN_DIR/train.log (also shown on the terminal: train.py's stdout on stdout, its stderr on stderr)
+# and RUN_DIR/output (config + checkpoints). When train.py refuses its input (exit status 2, one line on
+# stderr) nothing is left behind: no log, no RUN_DIR. --dry-run quotes paths as a shell needs them.
 set -euo pipefail
 
 SCRIPT="$(basename "${BASH_SOURCE[0]}")"
@@ -34,12 +36,16 @@ cmd=("$PYTHON" "$TRAIN_PY" --config_path "$CONFIG_PATH" --data_path "$DATA_PATH"
 
 if [[ $dry_run -eq 1 ]]; then
   print_rank 0 "DEVICE_ID=$DEVICE_ID RANK_ID=0 RANK_SIZE=1 DEVICE_TARGET=$DEVICE_TARGET" \
-    "cwd $PWD log $RUN_DIR/train.log" "${cmd[@]}"
+    "cwd $(shq "$PWD") log $(shq "$RUN_DIR/train.log")" "${cmd[@]}"
   exit 0
 fi
 
-mkdir -p "$RUN_DIR"
+make_run_dir "$RUN_DIR"
 echo "[$SCRIPT] $DEVICE_TARGET device $DEVICE_ID; log: $RUN_DIR/train.log"
 DEVICE_ID="$DEVICE_ID" RANK_ID=0 RANK_SIZE=1 run_tee "$RUN_DIR/train.log" "${cmd[@]}"
+if [[ $status -eq 2 && ! -e "$RUN_DIR/output" ]]; then
+  discard_refused_run "$RUN_DIR/train.log"  # train.py refused its input (its one line is on stderr)
+  exit 2
+fi
 echo "[$SCRIPT] exit status $status; log: $RUN_DIR/train.log"
 exit "$status"
