@@ -30,7 +30,8 @@ pre-activation outputs, ``d = dL/ds`` the gradient reaching ``s`` in the backwar
   (``B*d`` is the gradient of one sample's loss), so that ``A (x) G`` approximates the Fisher
   ``E_b[vec(dW_b) vec(dW_b)^T]`` of per-sample weight gradients ``dW_b``. (MindSpore's GPU layer
   averages the output gradients over the batch *before* the outer product, and its Ascend layer
-  divides G by T; neither is the Fisher approximation the THOR paper states.)
+  divides G by T; neither is the Fisher approximation the THOR paper states. Both are available as
+  ``thor(..., factor_convention="gpu"/"ascend")``: ``ms_optim._thor.conventions``.)
 * Embedding (``kind == "embedding"``). The ``N`` ids (all dimensions flattened, ``N = B*T`` for
   ids of shape ``(B, T)``) each count as one sample, as for Dense::
 
@@ -61,6 +62,8 @@ from typing import Tuple
 import mindspore.common.dtype as mstype
 import numpy as np
 from mindspore import Tensor, nn, ops
+
+from ms_optim._thor.conventions import FactorConvention
 
 __all__ = [
     "conv_output_geometry",
@@ -199,8 +202,14 @@ class _FactorTap(nn.Cell):
     ``ds = dL/ds``; while ``flag`` is True it writes ``A(x)`` into ``a_cov`` and ``G(ds)`` into
     ``g_cov`` (a non-finite value is not written) and passes ``ds`` through unchanged. The gradients
     it returns for ``x`` and the state are zeros (``x`` reaches the tap through ``stop_gradient``; its
-    real gradient flows through the layer). Subclasses give ``_a_value(x)`` and ``_g_value(ds)``.
+    real gradient flows through the layer). Subclasses give ``_a_value(x)`` and ``_g_value(ds)``, the
+    formulas above adapted by ``self.convention`` (a ``conventions.FactorConvention``; KFC, i.e.
+    exactly the formulas above, unless ``thor(..., factor_convention=...)`` sets another).
     """
+
+    def __init__(self):
+        super().__init__()
+        self.convention = FactorConvention()
 
     def add_flags_recursive(self, **flags):
         """Ignore amp's precision flags (``to_float``): the tap casts to float32 itself, and a float16
@@ -234,10 +243,10 @@ class DenseTap(_FactorTap):
     """Tap of a Dense layer: :func:`dense_a`, :func:`dense_g`."""
 
     def _a_value(self, x):
-        return dense_a(x)
+        return self.convention.apply(dense_a(x), self.convention.dense_scales(x.shape[0], x.shape[1])[0])
 
     def _g_value(self, ds):
-        return dense_g(ds)
+        return self.convention.apply(dense_g(ds), self.convention.dense_scales(ds.shape[0], ds.shape[1])[1])
 
 
 class ConvTap(_FactorTap):
@@ -252,10 +261,16 @@ class ConvTap(_FactorTap):
         self.padding = padding
 
     def _a_value(self, x):
-        return conv_a(x, self.kernel_size, self.stride, self.dilation, self.pad_mode, self.padding)
+        geometry = conv_output_geometry(x.shape[2], x.shape[3], self.kernel_size, self.stride, self.dilation,
+                                        self.pad_mode, self.padding)
+        scale = self.convention.conv_scales(x.shape[0], geometry[4] * geometry[5])[0]
+        a = conv_a(self.convention.conv_input(x), self.kernel_size, self.stride, self.dilation, self.pad_mode,
+                   self.padding)
+        return self.convention.apply(a, scale)
 
     def _g_value(self, ds):
-        return conv_g(ds)
+        scale = self.convention.conv_scales(ds.shape[0], ds.shape[2] * ds.shape[3])[1]
+        return self.convention.apply(conv_g(self.convention.conv_grad(ds)), scale)
 
 
 class EmbeddingTap(_FactorTap):
@@ -267,7 +282,8 @@ class EmbeddingTap(_FactorTap):
         self.limit = Tensor(np.array(vocab_size, np.int32))
 
     def _a_value(self, x):
-        return embedding_a(x, self.vocab_size, self.limit)
+        return self.convention.apply(embedding_a(x, self.vocab_size, self.limit),
+                                     self.convention.embedding_scales(x.shape[0])[0])
 
     def _g_value(self, ds):
-        return embedding_g(ds)
+        return self.convention.apply(embedding_g(ds), self.convention.embedding_scales(ds.shape[0])[1])

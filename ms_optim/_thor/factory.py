@@ -13,6 +13,7 @@ from typing import Any
 import numpy as np
 from mindspore import Tensor, nn
 
+from ms_optim._thor.conventions import apply_factor_convention, check_factor_convention, resolve_factor_convention
 from ms_optim._thor.convert import ConvertNetUtils, count_thor_cells, thor_candidates, thor_class_for
 from ms_optim._thor.optimizer import ThorOptimizer
 from ms_optim._validation import (
@@ -76,7 +77,8 @@ def _check_schedule(name: str, value: Any) -> Tensor:
 
 
 def _validate(net, learning_rate, damping, momentum, weight_decay, loss_scale, batch_size, use_nesterov,
-              decay_filter, split_indices, enable_clip_grad, frequency, inverse, block_size, kl_clip=None) -> None:
+              decay_filter, split_indices, enable_clip_grad, frequency, inverse, block_size, kl_clip=None,
+              factor_convention="kfc") -> None:
     """Check every argument; nothing is modified."""
     check_type("net", net, nn.Cell, _NAME, what="a Cell")
     _check_schedule("learning_rate", learning_rate)
@@ -106,6 +108,7 @@ def _validate(net, learning_rate, damping, momentum, weight_decay, loss_scale, b
     check_positive("block_size", block_size, _NAME)
     _check_int32("block_size", block_size)
     _check_kl_clip(kl_clip)
+    check_factor_convention(factor_convention, _NAME)
     if thor_class_for(net) is not None:
         raise ValueError(f"For '{_NAME}', the argument 'net' must be a network Cell that contains the layers to "
                          f"precondition, but got a bare {type(net).__name__}, which cannot be replaced in place: "
@@ -132,7 +135,7 @@ def _validate(net, learning_rate, damping, momentum, weight_decay, loss_scale, b
 
 def thor(net, learning_rate, damping, momentum, weight_decay=0.0, loss_scale=1.0, batch_size=32,
          use_nesterov=False, decay_filter=lambda x: x.name not in [], split_indices=None, enable_clip_grad=False,
-         frequency=100, *, inverse="blocked", block_size=128, kl_clip=None):
+         frequency=100, *, inverse="blocked", block_size=128, kl_clip=None, factor_convention="auto"):
     r"""THOR, the second-order optimizer, with the signature of MindSpore's THOR factory, on every backend.
 
     Validates every argument first (a refused call leaves ``net`` untouched), then converts ``net``
@@ -175,6 +178,28 @@ def thor(net, learning_rate, damping, momentum, weight_decay=0.0, loss_scale=1.0
             taken after preconditioning and before weight decay, clipping and momentum, every ``v`` is
             multiplied by ``nu = min(1, sqrt(c / (lr[t]^2 * |sum v . g|)))`` (``nu = 1`` when that
             denominator is 0 or not finite): kfac-pytorch's KL clipping (``ms_optim._thor.kl_clip``).
+        factor_convention (str, keyword-only): how A, G and the damping are normalised
+            (``ms_optim._thor.conventions`` has the exact formulas and what differs from MindSpore);
+            ``A_e``/``G_e`` are the factors the rule above inverts with ``sqrt(damping)``. With N rows
+            (Dense/Embedding), ``in`` input features, ``counts`` the id counts, B the batch, T = Ho*Wo,
+            ``n = B*T``, ``bs = batch_size``, conv patches p and output gradients d (``pm``/``dm`` their
+            batch means):
+
+            * ``"kfc"``: Dense ``A_e = a^T a / N``, ``G_e = N d^T d``; Conv2d ``A_e = sum p p^T / n``,
+              ``G_e = B sum d d^T``; Embedding ``A_e = counts / N``, ``G_e = N d^T d`` (KFC).
+            * ``"gpu"`` (MindSpore on GPU): Dense ``A_e = a^T a / in``, ``G_e = bs^2 / N d^T d``; Conv2d
+              ``A_e = sum_t pm pm^T / sqrt(T)``, ``G_e = bs^2 / sqrt(T) sum_t dm dm^T`` (MindSpore's
+              damping ``sqrt(d / T)`` and inverses times ``sqrt(1 / T)``, folded in); Embedding
+              ``A_e = counts / bs``, ``G_e = bs^2 / N d^T d``.
+            * ``"ascend"`` (MindSpore on Ascend): Dense ``A_e = a^T a / N``, ``G_e = bs^2 / N d^T d``;
+              Conv2d, with ``c = n / bs``, ``A_e = sqrt(c) sum p p^T / n``, ``G_e = sqrt(c) bs^2 / n
+              sum d d^T`` (MindSpore's damping ``sqrt(d bs / n)`` and product factor ``bs / n``,
+              folded in); Embedding as gpu.
+            * ``"auto"`` (default): ``"gpu"`` if MindSpore's ``device_target`` is GPU, ``"ascend"`` if
+              Ascend, ``"kfc"`` on CPU (the CPU default, until a benchmark decides).
+
+            LayerNorm and everything else do not depend on it. The resolved value is the optimizer's
+            ``factor_convention``.
 
     Returns:
         ThorOptimizer, a ``mindspore.nn.Optimizer``.
@@ -183,7 +208,9 @@ def thor(net, learning_rate, damping, momentum, weight_decay=0.0, loss_scale=1.0
         TypeError: If `learning_rate` or `damping` is not a Tensor.
         TypeError: If `momentum` is not a float, `frequency` or `batch_size` not an int, `loss_scale`,
             `weight_decay` or `kl_clip` (unless None) not a number, `use_nesterov` or `enable_clip_grad` not a bool,
-            `decay_filter` not callable, `split_indices` not a list of ints, `net` not a Cell.
+            `decay_filter` not callable, `split_indices` not a list of ints, `net` not a Cell,
+            `factor_convention` not a str.
+        ValueError: If `factor_convention` is not 'auto', 'gpu', 'ascend' or 'kfc'.
         ValueError: If `loss_scale`, `batch_size` or `kl_clip` is not positive.
         ValueError: If `weight_decay` or `momentum` is less than 0.
         ValueError: If `momentum`, `weight_decay`, `loss_scale` or `kl_clip` is NaN, infinite or beyond float32.
@@ -196,11 +223,13 @@ def thor(net, learning_rate, damping, momentum, weight_decay=0.0, loss_scale=1.0
         ValueError (at run time): If the step runs past the end of `learning_rate` or `damping`.
     """
     _validate(net, learning_rate, damping, momentum, weight_decay, loss_scale, batch_size, use_nesterov, decay_filter,
-              split_indices, enable_clip_grad, frequency, inverse, block_size, kl_clip)
+              split_indices, enable_clip_grad, frequency, inverse, block_size, kl_clip, factor_convention)
+    convention = resolve_factor_convention(factor_convention)
     ConvertNetUtils().convert_to_thor_net(net)
     layers = [cell for _, cell in thor_candidates(net)]  # the same rule the validation counted with
+    apply_factor_convention(layers, convention, int(batch_size))
     return ThorOptimizer(net, layers, learning_rate, damping, float(momentum), float(weight_decay), float(loss_scale),
                          int(batch_size), bool(use_nesterov), decay_filter,
                          list(split_indices) if split_indices is not None else None, bool(enable_clip_grad),
                          int(frequency), inverse, int(block_size),
-                         kl_clip=None if kl_clip is None else float(kl_clip))
+                         kl_clip=None if kl_clip is None else float(kl_clip), factor_convention=convention)

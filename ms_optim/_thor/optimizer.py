@@ -181,13 +181,14 @@ class ThorOptimizer(Optimizer):
     * ``moments`` (``moments.<param name>``), ``momentum`` (Parameter), ``learning_rate`` (as
       ``nn.Optimizer``), ``damping`` (float32 Tensor), ``loss_scale``, ``batch_size``,
       ``weight_decay`` (float), ``decay_flags``, ``use_nesterov``, ``enable_clip_grad``,
-      ``inverse`` (``"blocked"``/``"full"``), ``block_size``, ``split_indices``, ``kl_clip`` (float or None).
+      ``inverse`` (``"blocked"``/``"full"``), ``block_size``, ``split_indices``, ``kl_clip`` (float or None),
+      ``factor_convention`` (``"gpu"``/``"ascend"``/``"kfc"``, applied by the layers: ``_thor.conventions``).
     """
 
     def __init__(self, net: nn.Cell, layers: Sequence[ThorLayer], learning_rate: Tensor, damping: Tensor,
                  momentum: float, weight_decay: float, loss_scale: float, batch_size: int, use_nesterov: bool,
                  decay_filter: Callable, split_indices: Optional[List[int]], enable_clip_grad: bool, frequency: int,
-                 inverse: str, block_size: int, kl_clip: Optional[float] = None):
+                 inverse: str, block_size: int, kl_clip: Optional[float] = None, factor_convention: str = "kfc"):
         super().__init__(learning_rate, net.trainable_params(), 0.0, loss_scale)
         self.frequency = frequency
         self.batch_size = batch_size
@@ -197,6 +198,7 @@ class ThorOptimizer(Optimizer):
         self.block_size = block_size
         self.split_indices = split_indices
         self.kl_clip = kl_clip
+        self.factor_convention = factor_convention
         self.kl_clip_tensor = Tensor(kl_clip if kl_clip is not None else 0.0, mstype.float32)
         self.momentum = Parameter(Tensor(momentum, mstype.float32), name="momentum")
         self.moments = self._parameters.clone(prefix="moments", init="zeros")

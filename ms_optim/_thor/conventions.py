@@ -1,0 +1,167 @@
+r"""THOR's factor conventions: how A, G and the damping are normalised (``thor(..., factor_convention=...)``).
+
+MindSpore's THOR normalises its Kronecker factors differently on GPU and on Ascend, and ms_optim's
+own default (KFC) differs from both; published hyper-parameters (damping above all) were tuned for
+one of them. A convention fixes, per layer kind, the factors A and G and the damping that the
+optimizer's one rule then inverts, ``Ainv = (A_e + sqrt(d) I)^-1``, ``Ginv = (G_e + sqrt(d) I)^-1``,
+``g <- Ginv g Ainv``. Below, ``A_e``/``G_e`` are those *effective* factors (what the layers store in
+``matrix_a_cov``/``matrix_g_cov``, G times the square of the loss scale as always); d is the damping
+of the step, ``bs`` thor()'s ``batch_size`` argument, ``S`` the loss scale.
+
+Notation: Dense and Embedding have N rows (``a`` inputs, ``d = dL/ds`` output-gradient rows, ``in``
+input features, ``counts[v]`` the occurrences of id v); a Conv2d has batch B, T = Ho*Wo output
+positions, patches ``p_{b,t}`` and output gradients ``d_{b,t}`` (rows of ``dL/ds``), ``n = B*T``, and
+batch means ``pm_t = mean_b p_{b,t}`` (the patches of ``x.mean(axis=0)``: im2col is linear) and
+``dm_t = mean_b d_{b,t}``.
+
+* ``"kfc"`` (ms_optim's formulas, ``ms_optim._thor.factors``; the damping ``sqrt(d)`` on both)::
+
+      Dense      A_e = a^T a / N              G_e = N d^T d
+      Conv2d     A_e = sum_{b,t} p p^T / n    G_e = B sum_{b,t} d d^T
+      Embedding  A_e = counts / N             G_e = N d^T d
+
+* ``"gpu"`` (MindSpore's ``DenseThor``/``Conv2dThor``/``EmbeddingThor`` and ``ThorGpu`` on GPU).
+  MindSpore computes, for a conv, ``A = sum_t pm pm^T / T``, ``G = sum_t dm dm^T / T`` (the layer's
+  ``construct``/``save_gradient``), then ``Ginv = (G bs^2 / S^2 + sqrt(d / T) I)^-1 sqrt(1 / T)`` and
+  ``Ainv = (A + sqrt(d / T) I)^-1 sqrt(1 / T)`` (``ThorGpu._get_ainv_ginv_list``). Since
+  ``(F + sqrt(d / c) I)^-1 / sqrt(c) = (sqrt(c) F + sqrt(d) I)^-1``, that is, exactly::
+
+      Dense      A_e = a^T a / in             G_e = bs^2 / N d^T d
+      Conv2d     A_e = sqrt(T) sum_t pm pm^T / T     G_e = bs^2 / sqrt(T) sum_t dm dm^T
+      Embedding  A_e = counts / bs            G_e = bs^2 / N d^T d
+
+  (MindSpore's GPU Dense layer divides ``a^T a`` by the first dimension of ``a^T a``, i.e. by ``in``,
+  not by the batch.)
+* ``"ascend"`` (the same on Ascend, ``ThorAscend``): a conv's ``A = sum p p^T / n`` and
+  ``G = sum d d^T / n`` over all n rows, damping ``sqrt(d bs / n)`` on both, G times ``bs^2 / S^2``,
+  and the product ``Ginv g Ainv`` times ``bs / n``; so, with ``c = n / bs``, exactly::
+
+      Dense      A_e = a^T a / N              G_e = bs^2 / N d^T d
+      Conv2d     A_e = sqrt(c) sum p p^T / n  G_e = sqrt(c) bs^2 / n sum d d^T
+      Embedding  A_e = counts / bs            G_e = bs^2 / N d^T d
+
+``"auto"`` is MindSpore's convention for ``context.get_context("device_target")``: ``"gpu"`` on GPU,
+``"ascend"`` on Ascend, and ``"kfc"`` on CPU (for now: a benchmark is to decide the CPU default).
+With ``bs`` equal to the real batch, the three agree on Dense G, and gpu/ascend agree on Embedding.
+LayerNorm gamma/beta (``g / (g^2 / bs + sqrt(d))``), inverses, blocks, loss scaling and everything
+else are the same in every convention.
+
+Not reproduced from MindSpore (deliberately): its im2col always uses "same" padding, stride and no
+dilation, whatever the layer's ``pad_mode``/``padding``/``dilation``; here the patches and T follow
+the layer's real geometry in every convention. Ascend's float16 arithmetic, its rescaling of each
+conv-net inverse by its largest entry (it multiplies the product by ``max|Ginv| / max|Ainv|``), and its
+special cases (a Dense layer with 2 outputs gets ``Ginv = I``; fixed kernel shapes) are not
+reproduced; neither are MindSpore's whole-matrix (unblocked) Embedding G inverses (``inverse=``
+decides that here).
+"""
+from __future__ import annotations
+
+from typing import Optional, Tuple
+
+import mindspore.common.dtype as mstype
+from mindspore import context, nn, ops
+
+from ms_optim._validation import describe
+
+__all__ = ["CONVENTIONS", "check_factor_convention", "resolve_factor_convention", "FactorConvention",
+           "apply_factor_convention"]
+
+#: The accepted values of ``thor(..., factor_convention=...)``.
+CONVENTIONS = ("auto", "gpu", "ascend", "kfc")
+
+_DEVICE_CONVENTION = {"GPU": "gpu", "Ascend": "ascend"}
+
+
+def check_factor_convention(value, cls_name: str = "thor") -> str:
+    """``value`` if it is one of :data:`CONVENTIONS`; TypeError for a non-str, ValueError otherwise."""
+    if not isinstance(value, str):
+        raise TypeError(f"For '{cls_name}', the argument 'factor_convention' must be a str, "
+                        f"but got {describe(value)}.")
+    if value not in CONVENTIONS:
+        raise ValueError(f"For '{cls_name}', the argument 'factor_convention' must be one of "
+                         f"{', '.join(repr(c) for c in CONVENTIONS)}, but got {value!r}.")
+    return value
+
+
+def _device_target() -> str:
+    return context.get_context("device_target")
+
+
+def resolve_factor_convention(value: str, device_target: Optional[str] = None) -> str:
+    """The concrete convention (``"gpu"``/``"ascend"``/``"kfc"``) for ``value``.
+
+    ``"auto"`` becomes ``"gpu"`` for device target GPU, ``"ascend"`` for Ascend and ``"kfc"``
+    otherwise (CPU); ``device_target`` defaults to MindSpore's context. Other values are returned
+    as they are (after :func:`check_factor_convention`).
+    """
+    check_factor_convention(value)
+    if value != "auto":
+        return value
+    target = _device_target() if device_target is None else device_target
+    return _DEVICE_CONVENTION.get(target, "kfc")
+
+
+class FactorConvention(nn.Cell):
+    """One concrete convention (``name`` in gpu/ascend/kfc) for a layer's factor tap.
+
+    The tap computes ms_optim's formulas (``ms_optim._thor.factors``) on the inputs this object
+    gives (``conv_input``/``conv_grad``: the batch means for ``"gpu"``, else unchanged) and multiplies
+    them by the scalars it gives (``*_scales``, Python floats from static shapes; ``apply`` skips a
+    factor 1.0, so ``"kfc"`` adds no op at all). The formulas are in the module docstring.
+    """
+
+    def __init__(self, name: str = "kfc", batch_size: int = 32):
+        super().__init__()
+        if name not in CONVENTIONS[1:]:
+            raise ValueError(f"For 'FactorConvention', the argument 'name' must be 'gpu', 'ascend' or 'kfc', "
+                             f"but got {name!r}.")
+        self.name = name
+        self.batch_size = int(batch_size)
+        self.batch_mean = name == "gpu"
+
+    def conv_input(self, x):
+        """The conv input whose patches make A: the batch mean (keeping a batch of 1) for gpu."""
+        if self.batch_mean:
+            return ops.mean(ops.cast(x, mstype.float32), 0, True)
+        return x
+
+    def conv_grad(self, ds):
+        """The conv dL/ds that makes G: the batch mean (keeping a batch of 1) for gpu."""
+        return self.conv_input(ds)
+
+    def conv_scales(self, batch: int, positions: int) -> Tuple[float, float]:
+        """``(A multiplier, G multiplier)`` of a conv with batch ``batch`` and ``positions`` = Ho*Wo,
+        applied to ``factors.conv_a``/``conv_g`` of ``conv_input``/``conv_grad``."""
+        bs = self.batch_size
+        if self.name == "gpu":  # conv_a(mean x) = sum pm pm^T / T; conv_g(mean ds) = sum dm dm^T
+            return positions ** 0.5, bs * bs / positions ** 0.5
+        if self.name == "ascend":  # conv_a(x) = sum p p^T / n; conv_g(ds) = B sum d d^T
+            rows = batch * positions
+            root = (rows / bs) ** 0.5
+            return root, root * bs * bs / (rows * batch)
+        return 1.0, 1.0
+
+    def dense_scales(self, rows: int, width: int) -> Tuple[float, float]:
+        """``(A multiplier, G multiplier)`` of a Dense layer with ``rows`` input rows of ``width``
+        features, applied to ``factors.dense_a`` (``a^T a / N``) and ``dense_g`` (``N d^T d``)."""
+        g_scale = 1.0 if self.name == "kfc" else self.batch_size * self.batch_size / (rows * rows)
+        return (rows / width if self.name == "gpu" else 1.0), g_scale
+
+    def embedding_scales(self, rows: int) -> Tuple[float, float]:
+        """``(A multiplier, G multiplier)`` of an Embedding with ``rows`` ids, applied to
+        ``factors.embedding_a`` (``counts / N``) and ``embedding_g`` (``N d^T d``)."""
+        if self.name == "kfc":
+            return 1.0, 1.0
+        return rows / self.batch_size, self.batch_size * self.batch_size / (rows * rows)
+
+    def apply(self, value, factor: float):
+        """``value * factor`` (float32); ``value`` itself when ``factor == 1.0``."""
+        if factor == 1.0:
+            return value
+        return ops.mul(value, ops.scalar_to_tensor(factor, mstype.float32))
+
+
+def apply_factor_convention(layers, name: str, batch_size: int) -> None:
+    """Give every THOR layer's factor tap the concrete convention ``name`` (thor() calls it)."""
+    for layer in layers:
+        layer.factor_tap.convention = FactorConvention(name, batch_size)
