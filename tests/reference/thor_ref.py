@@ -23,7 +23,10 @@ batch, T positions): Dense ``A = a^T a / N``, ``G = N d^T d``; Conv2d ``A = sum 
 oracle is the unscaled trajectory, which every loss scale must reproduce.
 
 The three test nets (``MLPRef``, ``ConvRef``, ``EmbedRef``) mirror the MindSpore nets built in
-``tests/test_thor_optimizer.py`` parameter for parameter (same names).
+``tests/test_thor_optimizer.py`` parameter for parameter (same names). Each also keeps, in ``raw``,
+the material of every layer's factors of its last pass (``("dense", a, d)``, ``("conv", x, dout,
+conv_args)``, ``("embedding", ids, d, vocab)``), for oracles of other factor conventions
+(``reference.thor_conventions``), which ``ThorReference(..., inverses=...)`` then uses.
 """
 from __future__ import annotations
 
@@ -93,16 +96,17 @@ class MLPRef:
         d1 = (d2 @ p["fc2.weight"]) * (s1 > 0)
         grads = {"fc2.weight": d2.T @ h1, "fc2.bias": d2.sum(0), "fc1.weight": d1.T @ x, "fc1.bias": d1.sum(0)}
         factors = {"fc1": tf.dense_factors(x, d1), "fc2": tf.dense_factors(h1, d2)}
+        self.raw = {"fc1": ("dense", x, d1), "fc2": ("dense", h1, d2)}
         return loss, grads, factors
 
 
 class ConvRef:
-    """``conv`` Conv2d (pad mode 'pad', bias) -> ReLU -> flatten -> ``fc`` Dense(., classes); CE loss."""
+    """``conv`` Conv2d (pad mode 'pad' unless given, bias) -> ReLU -> flatten -> ``fc`` Dense(., classes); CE loss."""
 
     layers = (("conv", "conv"), ("fc", "dense"))
 
-    def __init__(self, kernel, stride, dilation, padding):
-        self.conv_args = dict(kernel_size=kernel, stride=stride, dilation=dilation, pad_mode="pad", padding=padding)
+    def __init__(self, kernel, stride, dilation, padding, pad_mode="pad"):
+        self.conv_args = dict(kernel_size=kernel, stride=stride, dilation=dilation, pad_mode=pad_mode, padding=padding)
 
     def forward_backward(self, p: Dict[str, Array], x: Array, y: Array):
         w = p["conv.weight"]
@@ -122,6 +126,7 @@ class ConvRef:
                  "conv.bias": d_s.sum((0, 1))}
         d_nchw = d_s.transpose(0, 2, 1).reshape(b, out_c, ho, wo)
         factors = {"conv": tf.conv_factors(x, d_nchw, **self.conv_args), "fc": tf.dense_factors(flat, d_fc)}
+        self.raw = {"conv": ("conv", x, d_nchw, self.conv_args), "fc": ("dense", flat, d_fc)}
         return loss, grads, factors
 
 
@@ -154,6 +159,7 @@ class EmbedRef:
                  "fc1.weight": d1.T @ x, "fc1.bias": d1.sum(0), "emb.embedding_table": dtable}
         factors = {"emb": tf.embedding_factors(ids, de, vocab), "fc1": tf.dense_factors(x, d1),
                    "fc2": tf.dense_factors(h, d2)}
+        self.raw = {"emb": ("embedding", ids, de, vocab), "fc1": ("dense", x, d1), "fc2": ("dense", h, d2)}
         return loss, grads, factors
 
 
@@ -169,8 +175,11 @@ class ThorReference:
                  momentum: float, weight_decay: float = 0.0, batch_size: int = 32, use_nesterov: bool = False,
                  decay_filter: Callable[[str], bool] = lambda name: True, enable_clip_grad: bool = False,
                  frequency: int = 100, block_size: Optional[int] = 128, layernorm: Sequence[str] = (),
-                 kl_clip: Optional[float] = None):
+                 kl_clip: Optional[float] = None, inverses: Optional[Callable] = None):
+        """``inverses``: None (the factors above), or ``inverses(raw, damping) -> (Ainv, Ginv)`` computing a
+        layer's inverses from its ``model.raw`` entry and the step's damping (another factor convention)."""
         self.model = model
+        self.inverses = inverses
         self.params = {k: np.asarray(v, np.float64).copy() for k, v in params.items()}
         self.moments = {k: np.zeros_like(v) for k, v in self.params.items()}
         self.lr = np.atleast_1d(np.asarray(lr, np.float64))
@@ -201,6 +210,9 @@ class ThorReference:
         lam = math.sqrt(self._at(self.damping))
         if self.t % self.frequency == 0:
             for name, kind in self.model.layers:
+                if self.inverses is not None:
+                    self.a_inv[name], self.g_inv[name] = self.inverses(self.model.raw[name], self._at(self.damping))
+                    continue
                 a, g = factors[name]
                 self.a_inv[name] = 1.0 / (a + lam) if kind == "embedding" else block_inverse(a, lam, self.block_size)
                 self.g_inv[name] = block_inverse(g, lam, self.block_size)
