@@ -59,14 +59,16 @@ PUBLISHED = {
     "resnet50_imagenet2012_thor_ascend.yaml": dict(
         net="resnet50", batch_size=32, frequency=834, momentum=0.9, weight_decay=5e-4, loss_scale=128.0,
         label_smoothing=0.1, lr_init=0.05803, lr_decay=4.0839, lr_end_epoch=53, damping_init=0.03,
-        damping_decay=0.50036, epoch_size=45, split_indices=[26, 53], optimizer="thor", class_num=1001),
+        damping_decay=0.50036, epoch_size=45, split_indices=[26, 53], optimizer="thor", class_num=1001,
+        factor_convention="ascend"),
     "resnet50_imagenet2012_thor_gpu.yaml": dict(
         net="resnet50", batch_size=32, frequency=834, momentum=0.9, weight_decay=5e-4, loss_scale=128.0,
         label_smoothing=0.1, lr_init=0.05672, lr_decay=4.9687, lr_end_epoch=50, damping_init=0.02345,
-        damping_decay=0.5467, epoch_size=40, split_indices=[26, 53], optimizer="thor", class_num=1001),
+        damping_decay=0.5467, epoch_size=40, split_indices=[26, 53], optimizer="thor", class_num=1001,
+        factor_convention="gpu"),
     "resnet50_imagenet2012_momentum.yaml": dict(net="resnet50", optimizer="momentum", class_num=1001),
     "resnet18_cifar10_thor.yaml": dict(net="resnet18", optimizer="thor", class_num=10, dataset="cifar10",
-                                       split_indices=[10, 20]),
+                                       split_indices=[10, 20], factor_convention="kfc"),
     "resnet18_cifar10_momentum.yaml": dict(net="resnet18", optimizer="momentum", class_num=10,
                                            dataset="cifar10"),
 }

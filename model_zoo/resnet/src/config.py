@@ -74,6 +74,9 @@ SCHEMA: Dict[str, Key] = {
     "damping_decay": Key("float", 0.50036, "THOR: damping decay base", minimum=0.0),
     "frequency": Key("int", 834, "THOR: factors and inverses refreshed every `frequency` steps", minimum=2),
     "split_indices": Key("int_list", [26, 53], "THOR: all-reduce fusion split points (layer indices)"),
+    "factor_convention": Key("str", "auto", "THOR: normalisation of the factors and damping: 'gpu'/'ascend' "
+                             "(MindSpore's on that device), 'kfc', or 'auto' (by device; kfc on CPU)",
+                             ("auto", "gpu", "ascend", "kfc")),
     # Momentum schedule
     "lr_schedule": Key("str", "cosine", "Momentum: 'cosine', 'linear' or 'poly' decay after warmup",
                        ("cosine", "linear", "poly")),

@@ -93,7 +93,8 @@ def _build_optimizer(config, net, steps_per_epoch):
         try:
             opt = thor_nn.thor(net, Tensor(lr), Tensor(damping), config["momentum"], config["weight_decay"],
                                config["loss_scale"], config["batch_size"],
-                               split_indices=config["split_indices"], frequency=config["frequency"])
+                               split_indices=config["split_indices"], frequency=config["frequency"],
+                               factor_convention=config["factor_convention"])
         except (TypeError, ValueError) as exc:  # a config value THOR refuses: report it as input error
             raise ConfigError(f"THOR refused the config: {exc}") from None
         return opt, lr
