@@ -10,6 +10,7 @@ refuses 1, as MindSpore does). Also: "auto" resolves by device target (the resol
 given or mocked; the real device is not changed), "auto" on CPU is "kfc" and reproduces it exactly,
 and bad values are refused naming the argument before the net is touched.
 """
+import mindspore.common.dtype as mstype
 import numpy as np
 import pytest
 from mindspore import Tensor, nn
@@ -129,6 +130,68 @@ def test_conventions_differ_where_documented(rng):
     g = [oracle.effective_factors(c, dense, 8)[1] for c in oracle.CONVENTIONS]
     np.testing.assert_allclose(g[0], g[2], rtol=1e-12)
     np.testing.assert_allclose(g[1], g[2], rtol=1e-12)
+
+
+@pytest.mark.parametrize("convention", ["gpu", "ascend"])
+def test_conv_factors_float32_under_amp_o2(mode, rng, convention):
+    """Under amp O2 the conv runs in float16, but the convention's A (gpu: from the batch mean) is
+    computed and stored in float32 from the float16 input."""
+    from mindspore import amp
+
+    net = ConvNet("same")
+    _init_params(net, rng)
+    thor(net, Tensor(np.float32(0.0)), Tensor(np.float32(0.03)), 0.9, batch_size=8, factor_convention=convention)
+    cell = _train_cell(amp.auto_mixed_precision(net, "O2"), nn.SGD(net.trainable_params(), 0.0))
+    x = (rng.standard_normal((8, 3, 9, 9)) + 0.3).astype(np.float32)
+    assert np.isfinite(cell(Tensor(x), Tensor(rng.integers(0, 5, 8).astype(np.int32))).asnumpy())
+    assert net.conv.matrix_a_cov.dtype == mstype.float32
+    x16 = x.astype(np.float16).astype(np.float64)
+    args = dict(kernel_size=(3, 2), stride=2, dilation=1, pad_mode="same", padding=0)
+    want_a, _ = oracle.effective_factors(convention, ("conv", x16, np.zeros((8, 4, 5, 5)), args), 8)
+    expected = np.asarray(want_a)
+    np.testing.assert_allclose(net.conv.matrix_a_cov.asnumpy(), expected, rtol=1e-4,
+                               atol=1e-4 * float(np.abs(expected).max()), err_msg=f"{convention} A under amp O2")
+
+
+# ----------------------------------------------------------------------------------- ModelThor
+@pytest.mark.parametrize("convention", ["gpu", "ascend"])
+def test_model_thor_sink_loop_uses_the_convention(mode, convention):
+    """ConvertModelUtils/ModelThor (sink mode, sink_size 3, frequency 4) train with the convention thor()
+    set: the same parameters as a TrainOneStepCell loop over the same 12 batches, and fc1's stored A is
+    the oracle's for the last THOR step's batch (gpu: a^T a / in)."""
+    import mindspore.dataset as ds
+    from mindspore.train import Model
+
+    from ms_optim._thor.model import ConvertModelUtils, ModelThor
+
+    rng = np.random.default_rng(5)
+    x = rng.standard_normal((20, 6)).astype(np.float32)
+    y = rng.integers(0, 3, 20).astype(np.int32)
+
+    def build():
+        net = MLP(6, 5, 3)
+        _init_params(net, np.random.default_rng(9))
+        opt = thor(net, Tensor(np.full(16, 0.05, np.float32)), Tensor(np.full(16, 0.03, np.float32)), 0.9,
+                   batch_size=4, frequency=4, factor_convention=convention)
+        return net, opt
+
+    ref_net, ref_opt = build()
+    cell = _train_cell(ref_net, ref_opt)
+    for s in range(12):
+        b = s % 5
+        cell(Tensor(x[4 * b:4 * b + 4]), Tensor(y[4 * b:4 * b + 4]))
+    net, opt = build()
+    loss = nn.SoftmaxCrossEntropyWithLogits(sparse=True, reduction="mean")
+    model = ConvertModelUtils.convert_to_thor_model(Model(net, loss, opt), net, loss_fn=loss, optimizer=opt)
+    assert isinstance(model, ModelThor)
+    data = ds.NumpySlicesDataset({"x": x, "y": y}, shuffle=False).batch(4, drop_remainder=True)
+    model.train(4, data, dataset_sink_mode=True, sink_size=3)
+    assert int(opt.global_step.asnumpy().reshape(-1)[0]) == 12 and opt.factor_convention == convention
+    last = x[4 * (8 % 5):4 * (8 % 5) + 4]                               # step 8 is the last THOR step
+    want_a, _ = oracle.effective_factors(convention, ("dense", last, np.zeros((4, 5))), 4)
+    _close(net.fc1.matrix_a_cov.asnumpy(), want_a, f"{convention} A of fc1")
+    for name, value in _params(ref_net).items():
+        np.testing.assert_allclose(_params(net)[name], value, rtol=1e-5, atol=1e-7, err_msg=name)
 
 
 # ----------------------------------------------------------------------------------- "auto"

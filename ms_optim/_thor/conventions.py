@@ -119,6 +119,12 @@ class FactorConvention(nn.Cell):
         self.batch_size = int(batch_size)
         self.batch_mean = name == "gpu"
 
+    def add_flags_recursive(self, **flags):
+        """Ignore amp's precision flags, as the tap does (``factors._FactorTap``): amp reaches this
+        child Cell directly, and a float16 flag would make GRAPH mode cast the factors to float16."""
+        flags = {key: value for key, value in flags.items() if key not in ("fp16", "fp32", "bf16")}
+        return super().add_flags_recursive(**flags)
+
     def conv_input(self, x):
         """The conv input whose patches make A: the batch mean (keeping a batch of 1) for gpu."""
         if self.batch_mean:
