@@ -7,6 +7,10 @@ layers in ``ms_optim.nn`` and ``ms_optim.train_thor``). How the modules fit:
     ``<kind>_g(dL/ds) -> G``, the conv im2col and ``conv_output_geometry``, and the backward-pass
     taps that call them. The formulas and their normalisation are documented there.
 
+``conventions.py`` -- ``thor(..., factor_convention=...)``: MindSpore's GPU and Ascend normalisations
+    of A, G and the damping (or KFC), as batch means and scalar factors the taps apply; ``"auto"``
+    resolves by device target. The exact formulas, and what of MindSpore's is not reproduced, are there.
+
 ``layers.py`` -- ``DenseThor``, ``Conv2dThor``, ``EmbeddingThor`` (subclasses of ``ThorLayer``):
     state and forward only. Each layer owns, as non-trainable Parameters, ``matrix_a_cov`` (A),
     ``matrix_g_cov`` (G, carrying the square of the loss scale of its backward pass) and

@@ -49,7 +49,8 @@ class ThorLayer(nn.Cell):
     * ``matrix_a_cov``: float32 Parameter, ``(a_dim, a_dim)`` for dense and conv, ``(a_dim,)`` for
       embedding (the diagonal of A); zeros until the first THOR step;
     * ``matrix_g_cov``: float32 Parameter ``(g_dim, g_dim)``; zeros until the first THOR step;
-      ``loss_scale**2`` times the formula (see ``ms_optim._thor.factors``);
+      ``loss_scale**2`` times the formula (see ``ms_optim._thor.factors``; both factors in the
+      normalisation of the tap's convention, KFC unless ``thor(..., factor_convention=...)`` set one);
     * ``thor_flag``: bool scalar Parameter, initially True (step 0 is a THOR step);
     * ``a_dim`` / ``g_dim``: ints, the sizes of A and G.
 
