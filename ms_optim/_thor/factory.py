@@ -76,7 +76,8 @@ def _check_schedule(name: str, value: Any) -> Tensor:
 
 
 def _validate(net, learning_rate, damping, momentum, weight_decay, loss_scale, batch_size, use_nesterov,
-              decay_filter, split_indices, enable_clip_grad, frequency, inverse, block_size, kl_clip=None) -> None:
+              decay_filter, split_indices, enable_clip_grad, frequency, inverse, block_size, kl_clip=None,
+              distribute_inverses=False) -> None:
     """Check every argument; nothing is modified."""
     check_type("net", net, nn.Cell, _NAME, what="a Cell")
     _check_schedule("learning_rate", learning_rate)
@@ -106,6 +107,7 @@ def _validate(net, learning_rate, damping, momentum, weight_decay, loss_scale, b
     check_positive("block_size", block_size, _NAME)
     _check_int32("block_size", block_size)
     _check_kl_clip(kl_clip)
+    check_bool("distribute_inverses", distribute_inverses, _NAME)
     if thor_class_for(net) is not None:
         raise ValueError(f"For '{_NAME}', the argument 'net' must be a network Cell that contains the layers to "
                          f"precondition, but got a bare {type(net).__name__}, which cannot be replaced in place: "
@@ -132,7 +134,7 @@ def _validate(net, learning_rate, damping, momentum, weight_decay, loss_scale, b
 
 def thor(net, learning_rate, damping, momentum, weight_decay=0.0, loss_scale=1.0, batch_size=32,
          use_nesterov=False, decay_filter=lambda x: x.name not in [], split_indices=None, enable_clip_grad=False,
-         frequency=100, *, inverse="blocked", block_size=128, kl_clip=None):
+         frequency=100, *, inverse="blocked", block_size=128, kl_clip=None, distribute_inverses=False):
     r"""THOR, the second-order optimizer, with the signature of MindSpore's THOR factory, on every backend.
 
     Validates every argument first (a refused call leaves ``net`` untouched), then converts ``net``
@@ -175,6 +177,12 @@ def thor(net, learning_rate, damping, momentum, weight_decay=0.0, loss_scale=1.0
             taken after preconditioning and before weight decay, clipping and momentum, every ``v`` is
             multiplied by ``nu = min(1, sqrt(c / (lr[t]^2 * |sum v . g|)))`` (``nu = 1`` when that
             denominator is 0 or not finite): kfac-pytorch's KL clipping (``ms_optim._thor.kl_clip``).
+        distribute_inverses (bool, keyword-only): under data parallelism with R > 1 ranks, each layer's
+            inversion is done by one rank only (owners balanced by the cost ``sum w^3`` over the A and G
+            blocks of width ``w``, greedy longest-processing-time, the same on every rank) and the inverses
+            are shared by a summing AllReduce of zero-padded contributions, fused in the ``split_indices``
+            groups: the same numbers, 1/R of the inversion work per rank (KAISA; ``ms_optim._thor.sharing``).
+            Changes nothing on one device. Default: False.
 
     Returns:
         ThorOptimizer, a ``mindspore.nn.Optimizer``.
@@ -183,7 +191,8 @@ def thor(net, learning_rate, damping, momentum, weight_decay=0.0, loss_scale=1.0
         TypeError: If `learning_rate` or `damping` is not a Tensor.
         TypeError: If `momentum` is not a float, `frequency` or `batch_size` not an int, `loss_scale`,
             `weight_decay` or `kl_clip` (unless None) not a number, `use_nesterov` or `enable_clip_grad` not a bool,
-            `decay_filter` not callable, `split_indices` not a list of ints, `net` not a Cell.
+            `decay_filter` not callable, `split_indices` not a list of ints, `net` not a Cell,
+            `distribute_inverses` not a bool.
         ValueError: If `loss_scale`, `batch_size` or `kl_clip` is not positive.
         ValueError: If `weight_decay` or `momentum` is less than 0.
         ValueError: If `momentum`, `weight_decay`, `loss_scale` or `kl_clip` is NaN, infinite or beyond float32.
@@ -196,11 +205,11 @@ def thor(net, learning_rate, damping, momentum, weight_decay=0.0, loss_scale=1.0
         ValueError (at run time): If the step runs past the end of `learning_rate` or `damping`.
     """
     _validate(net, learning_rate, damping, momentum, weight_decay, loss_scale, batch_size, use_nesterov, decay_filter,
-              split_indices, enable_clip_grad, frequency, inverse, block_size, kl_clip)
+              split_indices, enable_clip_grad, frequency, inverse, block_size, kl_clip, distribute_inverses)
     ConvertNetUtils().convert_to_thor_net(net)
     layers = [cell for _, cell in thor_candidates(net)]  # the same rule the validation counted with
     return ThorOptimizer(net, layers, learning_rate, damping, float(momentum), float(weight_decay), float(loss_scale),
                          int(batch_size), bool(use_nesterov), decay_filter,
                          list(split_indices) if split_indices is not None else None, bool(enable_clip_grad),
                          int(frequency), inverse, int(block_size),
-                         kl_clip=None if kl_clip is None else float(kl_clip))
+                         kl_clip=None if kl_clip is None else float(kl_clip), distribute_inverses=distribute_inverses)
