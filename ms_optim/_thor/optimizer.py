@@ -226,8 +226,8 @@ class ThorOptimizer(Optimizer):
         self.matrix_a_cov = ParameterTuple([layer.matrix_a_cov for layer in self.thor_cells])
         self.matrix_g_cov = ParameterTuple([layer.matrix_g_cov for layer in self.thor_cells])
         self.thor_flags = ParameterTuple([layer.thor_flag for layer in self.thor_cells])
-        self.reduce_a = FactorAllReduce(self.num_layers, self.split_indices)
-        self.reduce_g = FactorAllReduce(self.num_layers, self.split_indices)
+        self.reduce_a = FactorAllReduce(self.num_layers, self.split_indices, ordered=distribute_inverses)
+        self.reduce_g = FactorAllReduce(self.num_layers, self.split_indices, ordered=distribute_inverses)
         self.sharing = InverseSharing(self.slots, self.split_indices, distribute_inverses)  # see _thor.sharing
         self.factor_loss_scale = Parameter(Tensor(loss_scale, mstype.float32), name="factor_loss_scale",
                                            requires_grad=False)
@@ -323,8 +323,8 @@ class ThorOptimizer(Optimizer):
             anchor = gradients[self.slots[i].grad_index]
             a_factors += (ops.depend(self.matrix_a_cov[i], anchor),)
             g_factors += (ops.depend(self.matrix_g_cov[i], anchor) * g_unscale,)
-        a_factors = self.reduce_a(a_factors)
-        g_factors = self.reduce_g(g_factors)
+        a_factors = self.reduce_a(self.sharing.after(a_factors, gradients))
+        g_factors = self.reduce_g(self.sharing.after(g_factors, a_factors))
         new_a, new_g = (), ()
         for i in range(self.num_layers):  # this rank's layers only (all of them unless shared)
             slot = self.slots[i]
@@ -335,7 +335,7 @@ class ThorOptimizer(Optimizer):
                 a_inv, g_inv = ops.zeros_like(slot.a_inv), ops.zeros_like(slot.g_inv)
             new_a += (a_inv,)
             new_g += (g_inv,)
-        new_a, new_g = self.sharing(new_a, new_g)
+        new_a, new_g = self.sharing(new_a, new_g, g_factors)
         done = ()
         for i in range(self.num_layers):
             done += (ops.assign(self.slots[i].a_inv, new_a[i]), ops.assign(self.slots[i].g_inv, new_g[i]))

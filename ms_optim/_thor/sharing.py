@@ -37,6 +37,16 @@ inverses' bytes, a Broadcast once; the inversions it saves (O(w^3) each) dominat
 layers the option is for. The factors are still mean-all-reduced to every rank (only the owner
 needs them; a reduce-to-owner would save bandwidth, not compute).
 
+Order. A collective backend pairs the collectives of the ranks by the order they are issued, and
+here the ranks' graphs differ (each holds other inversions), so their schedules may differ: the
+order is written into the graph as data dependencies. With sharing on, every rank issues: the
+gradient reduction (before the optimizer), then the A factors' reductions in layer order (the first
+after ALL the gradients, ``after``), then the G factors' (after the last A), then, once ALL of this
+rank's inversions are done, the inverse sharing in the order A_0, G_0, A_1, G_1, ... (after the
+last G factor). Waiting for all its own inversions before the first share lets the ranks invert
+concurrently instead of in turn. (Sequencing the collectives may keep a backend from fusing those of
+one group into one transfer; the ``fusion`` attributes are still set.)
+
 Counting: with ``distribute_inverses=True`` (any number of ranks) the sharing Cell keeps
 ``inversion_count``, an int32 Parameter of shape ``(num_layers,)``: entry l is the number of times
 THIS rank inverted layer l (incremented after the inversion, as a data dependency of its result).
@@ -123,8 +133,9 @@ class InverseSharing(nn.Cell):
     ``owners`` (tuple: owner rank of each layer), ``owned`` (tuple of bool: this rank inverts layer
     l), ``is_distributed`` (R > 1), ``counts`` (bool) and, if ``distribute``, ``inversion_count``.
 
-    Inputs of ``construct``: ``(new_a, new_g)``, tuples of per-layer contributions (the inverse on
-    the owner, zeros elsewhere). Outputs: the shared inverses (the inputs themselves when R = 1).
+    Inputs of ``construct``: ``(new_a, new_g, after)``, tuples of per-layer contributions (the inverse
+    on the owner, zeros elsewhere) and what the first share must wait for (the reduced G factors).
+    Outputs: the shared inverses (the inputs themselves when R = 1).
     """
 
     def __init__(self, slots: Sequence, split_indices: Optional[Sequence[int]], distribute: bool):
@@ -170,13 +181,25 @@ class InverseSharing(nn.Cell):
         done = ops.assign_add(self.inversion_count, ops.depend(self.one_hot[index], inverse))
         return ops.depend(inverse, done)
 
-    def construct(self, new_a, new_g):
+    def after(self, tensors, anchor):
+        """``tensors`` (a tuple) with its first entry made to wait for ``anchor`` (anything, e.g. a
+        tuple): when sharing across ranks, so the collectives keep one order on every rank (module
+        docstring, "Order"); otherwise ``tensors`` unchanged."""
+        if not self.is_distributed:
+            return tensors
+        return (ops.depend(tensors[0], anchor),) + tensors[1:]
+
+    def construct(self, new_a, new_g, after):
         if not self.is_distributed:
             return new_a, new_g
+        previous = ops.depend(ops.depend(after, new_a), new_g)  # all of this rank's inversions first
         out_a = ()
         out_g = ()
         for i in range(self.num_layers):
-            out_a += (self.allreduces[i](new_a[i]),)
-            out_g += (self.allreduces[i](new_g[i]),)
+            shared_a = self.allreduces[i](ops.depend(new_a[i], previous))
+            shared_g = self.allreduces[i](ops.depend(new_g[i], shared_a))
+            previous = shared_g
+            out_a += (shared_a,)
+            out_g += (shared_g,)
         return out_a, out_g
 
