@@ -9,7 +9,10 @@ summing AllReduce; ``ms_optim._thor.sharing``), both with ``inverse="full"`` (wh
 so inversion dominates the THOR step). Every round times, in a rotated order, one training step of:
 
 * ``unshared_thor`` / ``shared_thor``: a THOR step (factors collected, all-reduced, inverted, shared);
-* ``unshared_non_thor`` / ``shared_non_thor``: a step between THOR steps (stored inverses reused).
+* ``unshared_non_thor`` / ``shared_non_thor``: a step between THOR steps (stored inverses reused);
+* ``factor_allreduce`` / ``inverse_share``: the communication alone, on zeros of the real shapes: the
+  optimizer's own ``FactorAllReduce`` cells on every A and G (both runs do this), and its
+  ``InverseSharing`` AllReduce on every inverse (what sharing adds).
 
 The step state (``global_step`` 0 or 1 and the layers' ``thor_flag``) is set before each call,
 outside the timed region; both ranks run the same sequence. Reported per candidate: each rank's
@@ -43,6 +46,7 @@ if not __package__:
 from benchmarks._common import RESULTS_DIR, bar_plot, interleaved_medians, write_json  # noqa: E402
 
 CANDIDATES = ("unshared_thor", "shared_thor", "unshared_non_thor", "shared_non_thor")
+COMM = ("factor_allreduce", "inverse_share")  # the communication alone, on zeros of the real shapes
 
 
 # ----------------------------------------------------------------------------------------- worker
@@ -99,6 +103,14 @@ def worker(args) -> None:
         key, thor_step = name.split("_")[0], not name.endswith("_non_thor")
         candidates[name] = lambda k=key: cells[k](x, y)
         prepare[name] = state(key, 0 if thor_step else 1, thor_step)  # step 0 inverts, step 1 reuses
+    shared_opt = opts["shared"]
+    a_cov = tuple(ms.ops.zeros_like(p) for p in shared_opt.matrix_a_cov)
+    g_cov = tuple(ms.ops.zeros_like(p) for p in shared_opt.matrix_g_cov)
+    a_inv = tuple(ms.ops.zeros_like(p) for p in shared_opt.matrix_a_inv)
+    g_inv = tuple(ms.ops.zeros_like(p) for p in shared_opt.matrix_g_inv)
+    anchor = Tensor(np.zeros((1,), np.float32))
+    candidates["factor_allreduce"] = lambda: (shared_opt.reduce_a(a_cov), shared_opt.reduce_g(g_cov))
+    candidates["inverse_share"] = lambda: shared_opt.sharing(a_inv, g_inv, anchor)
     timings = interleaved_medians(candidates, repeats=args.repeats, warmup=args.warmup, prepare=prepare)
     sharing = opts["shared"].sharing
     record = {"rank": rank, "size": size, "timings_ms": timings, "thor_layers": opts["shared"].num_layers,
@@ -119,7 +131,7 @@ def _free_port() -> int:
 
 def summarise(ranks: List[Dict]) -> Dict:
     """Slowest-rank medians, the speed-ups and the inversion accounting from the per-rank records."""
-    slowest = {name: max(r["timings_ms"][name]["median_ms"] for r in ranks) for name in CANDIDATES}
+    slowest = {name: max(r["timings_ms"][name]["median_ms"] for r in ranks) for name in CANDIDATES + COMM}
     overhead = {key: slowest[f"{key}_thor"] - slowest[f"{key}_non_thor"] for key in ("unshared", "shared")}
     costs, loads = ranks[0]["costs"], ranks[0]["rank_loads"]
     return {
@@ -185,16 +197,20 @@ def main(argv: Optional[List[str]] = None) -> int:
     slow = summary["slowest_rank_median_ms"]
     for name in CANDIDATES:
         print(f"  {name:18s} {slow[name]:9.1f} ms (slowest rank's median)")
+    for name in COMM:
+        print(f"  {name:18s} {slow[name]:9.1f} ms (communication alone)")
     print(f"  THOR step: {summary['thor_step_speedup']:.2f}x faster shared; THOR-step overhead "
           f"{summary['thor_step_overhead_ms']['unshared']:.0f} -> {summary['thor_step_overhead_ms']['shared']:.0f} ms; "
           f"ideal inversion speed-up of the assignment {summary['ideal_inversion_speedup']:.2f}x; "
           f"layers inverted per rank {summary['layers_inverted_per_rank']}")
-    errors = [[slow[n] - max(r["timings_ms"][n]["p25_ms"] for r in ranks) for n in CANDIDATES],
-              [max(r["timings_ms"][n]["p75_ms"] for r in ranks) - slow[n] for n in CANDIDATES]]
+    names = CANDIDATES + COMM
+    errors = [[slow[n] - max(r["timings_ms"][n]["p25_ms"] for r in ranks) for n in names],
+              [max(r["timings_ms"][n]["p75_ms"] for r in ranks) - slow[n] for n in names]]
     errors = [[max(0.0, e) for e in side] for side in errors]
     bar_plot(os.path.join(args.out, f"bench_thor_shared{suffix}.png"),
              ["THOR step, every rank inverts all", "THOR step, inversions shared", "non-THOR step, unshared",
-              "non-THOR step, shared"], [slow[n] for n in CANDIDATES], "ms per step (slowest rank's median)",
+              "non-THOR step, shared", "factor AllReduce alone", "inverse sharing alone"],
+             [slow[n] for n in names], "ms (slowest rank's median)",
              f"ResNet-18 (width {args.width}, {args.image}px, inverse='full'), 2 msrun CPU ranks: "
              f"{summary['thor_step_speedup']:.2f}x", errors=errors)
     path = write_json(os.path.join(args.out, f"bench_thor_shared{suffix}.json"), payload)
