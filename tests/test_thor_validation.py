@@ -91,6 +91,8 @@ BAD = [
     (dict(split_indices=[2**31]), ValueError, ["'split_indices'", "2147483648"]),
     (dict(kl_clip=NAN), ValueError, ["'kl_clip'", "nan"]),
     (dict(kl_clip="1e-3"), TypeError, ["'kl_clip'", "'1e-3'"]),
+    (dict(distribute_inverses=1), TypeError, ["'distribute_inverses'", "bool", "1"]),
+    (dict(distribute_inverses="yes"), TypeError, ["'distribute_inverses'", "'yes'"]),
 ]
 
 

@@ -32,6 +32,10 @@ layers in ``ms_optim.nn`` and ``ms_optim.train_thor``). How the modules fit:
 ``parallel.py`` -- ``FactorAllReduce``: mean all-reduce of factors in fusion groups split at
     ``split_indices``; identity on a single device.
 
+``sharing.py`` -- ``invert_layer`` (one layer's accepted damped inverses) and ``InverseSharing``
+    (``distribute_inverses``): which rank inverts which layer (cost-balanced, the same on every
+    rank), the inversion counter, and the AllReduce that shares the inverses.
+
 ``model.py`` -- ``ModelThor`` (the dataset-sink loop, implemented here for every backend) and
     ``ConvertModelUtils.convert_to_thor_model``.
 

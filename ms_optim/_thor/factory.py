@@ -78,7 +78,7 @@ def _check_schedule(name: str, value: Any) -> Tensor:
 
 def _validate(net, learning_rate, damping, momentum, weight_decay, loss_scale, batch_size, use_nesterov,
               decay_filter, split_indices, enable_clip_grad, frequency, inverse, block_size, kl_clip=None,
-              factor_convention="kfc") -> None:
+              factor_convention="kfc", distribute_inverses=False) -> None:
     """Check every argument; nothing is modified."""
     check_type("net", net, nn.Cell, _NAME, what="a Cell")
     _check_schedule("learning_rate", learning_rate)
@@ -109,6 +109,7 @@ def _validate(net, learning_rate, damping, momentum, weight_decay, loss_scale, b
     _check_int32("block_size", block_size)
     _check_kl_clip(kl_clip)
     check_factor_convention(factor_convention, _NAME)
+    check_bool("distribute_inverses", distribute_inverses, _NAME)
     if thor_class_for(net) is not None:
         raise ValueError(f"For '{_NAME}', the argument 'net' must be a network Cell that contains the layers to "
                          f"precondition, but got a bare {type(net).__name__}, which cannot be replaced in place: "
@@ -135,7 +136,8 @@ def _validate(net, learning_rate, damping, momentum, weight_decay, loss_scale, b
 
 def thor(net, learning_rate, damping, momentum, weight_decay=0.0, loss_scale=1.0, batch_size=32,
          use_nesterov=False, decay_filter=lambda x: x.name not in [], split_indices=None, enable_clip_grad=False,
-         frequency=100, *, inverse="blocked", block_size=128, kl_clip=None, factor_convention="auto"):
+         frequency=100, *, inverse="blocked", block_size=128, kl_clip=None, factor_convention="auto",
+         distribute_inverses=False):
     r"""THOR, the second-order optimizer, with the signature of MindSpore's THOR factory, on every backend.
 
     Validates every argument first (a refused call leaves ``net`` untouched), then converts ``net``
@@ -200,6 +202,12 @@ def thor(net, learning_rate, damping, momentum, weight_decay=0.0, loss_scale=1.0
 
             LayerNorm and everything else do not depend on it. The resolved value is the optimizer's
             ``factor_convention``.
+        distribute_inverses (bool, keyword-only): under data parallelism with R > 1 ranks, each layer's
+            inversion is done by one rank only (owners balanced by the cost ``sum w^3`` over the A and G
+            blocks of width ``w``, greedy longest-processing-time, the same on every rank) and the inverses
+            are shared by a summing AllReduce of zero-padded contributions, fused in the ``split_indices``
+            groups: the same numbers, 1/R of the inversion work per rank (KAISA; ``ms_optim._thor.sharing``).
+            Changes nothing on one device. Default: False.
 
     Returns:
         ThorOptimizer, a ``mindspore.nn.Optimizer``.
@@ -209,7 +217,7 @@ def thor(net, learning_rate, damping, momentum, weight_decay=0.0, loss_scale=1.0
         TypeError: If `momentum` is not a float, `frequency` or `batch_size` not an int, `loss_scale`,
             `weight_decay` or `kl_clip` (unless None) not a number, `use_nesterov` or `enable_clip_grad` not a bool,
             `decay_filter` not callable, `split_indices` not a list of ints, `net` not a Cell,
-            `factor_convention` not a str.
+            `factor_convention` not a str, `distribute_inverses` not a bool.
         ValueError: If `factor_convention` is not 'auto', 'gpu', 'ascend' or 'kfc'.
         ValueError: If `loss_scale`, `batch_size` or `kl_clip` is not positive.
         ValueError: If `weight_decay` or `momentum` is less than 0.
@@ -223,7 +231,8 @@ def thor(net, learning_rate, damping, momentum, weight_decay=0.0, loss_scale=1.0
         ValueError (at run time): If the step runs past the end of `learning_rate` or `damping`.
     """
     _validate(net, learning_rate, damping, momentum, weight_decay, loss_scale, batch_size, use_nesterov, decay_filter,
-              split_indices, enable_clip_grad, frequency, inverse, block_size, kl_clip, factor_convention)
+              split_indices, enable_clip_grad, frequency, inverse, block_size, kl_clip, factor_convention,
+              distribute_inverses)
     convention = resolve_factor_convention(factor_convention)
     ConvertNetUtils().convert_to_thor_net(net)
     layers = [cell for _, cell in thor_candidates(net)]  # the same rule the validation counted with
@@ -232,4 +241,5 @@ def thor(net, learning_rate, damping, momentum, weight_decay=0.0, loss_scale=1.0
                          int(batch_size), bool(use_nesterov), decay_filter,
                          list(split_indices) if split_indices is not None else None, bool(enable_clip_grad),
                          int(frequency), inverse, int(block_size),
-                         kl_clip=None if kl_clip is None else float(kl_clip), factor_convention=convention)
+                         kl_clip=None if kl_clip is None else float(kl_clip), factor_convention=convention,
+                         distribute_inverses=distribute_inverses)

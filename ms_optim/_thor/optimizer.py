@@ -16,6 +16,7 @@ Algorithm (one call of the optimizer is one step ``t``, its ``global_step``; ``f
             A_l <- layer.matrix_a_cov                         # collected by the layer this step
             G_l <- layer.matrix_g_cov / factor_loss_scale**2    # the scale of THIS step's backward
         (A, G) <- FactorAllReduce(A), FactorAllReduce(G)      # mean over data-parallel ranks
+        (distribute_inverses: each rank inverts only its layers, then shares them; ms_optim._thor.sharing)
         Ainv_l <- blockdiag_k (A_l,k + lam I)^-1              # 128-wide diagonal blocks (last smaller),
         Ginv_l <- blockdiag_k (G_l,k + lam I)^-1              # or the whole matrix (inverse="full")
         (embedding: Ainv_l <- 1 / (a_l + lam), a_l the diagonal of A)
@@ -66,6 +67,7 @@ from ms_optim._thor import preconditioner as pc
 from ms_optim._thor.kl_clip import apply_kl_clip
 from ms_optim._thor.layers import ThorLayer
 from ms_optim._thor.parallel import FactorAllReduce
+from ms_optim._thor.sharing import InverseSharing, invert_layer
 from ms_optim.optim._base import check_schedule_length
 
 __all__ = ["ThorOptimizer", "LayerSlot"]
@@ -182,13 +184,15 @@ class ThorOptimizer(Optimizer):
       ``nn.Optimizer``), ``damping`` (float32 Tensor), ``loss_scale``, ``batch_size``,
       ``weight_decay`` (float), ``decay_flags``, ``use_nesterov``, ``enable_clip_grad``,
       ``inverse`` (``"blocked"``/``"full"``), ``block_size``, ``split_indices``, ``kl_clip`` (float or None),
-      ``factor_convention`` (``"gpu"``/``"ascend"``/``"kfc"``, applied by the layers: ``_thor.conventions``).
+      ``factor_convention`` (``"gpu"``/``"ascend"``/``"kfc"``, applied by the layers: ``_thor.conventions``);
+      ``sharing`` (``ms_optim._thor.sharing.InverseSharing``: which layers this rank inverts).
     """
 
     def __init__(self, net: nn.Cell, layers: Sequence[ThorLayer], learning_rate: Tensor, damping: Tensor,
                  momentum: float, weight_decay: float, loss_scale: float, batch_size: int, use_nesterov: bool,
                  decay_filter: Callable, split_indices: Optional[List[int]], enable_clip_grad: bool, frequency: int,
-                 inverse: str, block_size: int, kl_clip: Optional[float] = None, factor_convention: str = "kfc"):
+                 inverse: str, block_size: int, kl_clip: Optional[float] = None, factor_convention: str = "kfc",
+                 distribute_inverses: bool = False):
         super().__init__(learning_rate, net.trainable_params(), 0.0, loss_scale)
         self.frequency = frequency
         self.batch_size = batch_size
@@ -225,8 +229,9 @@ class ThorOptimizer(Optimizer):
         self.matrix_a_cov = ParameterTuple([layer.matrix_a_cov for layer in self.thor_cells])
         self.matrix_g_cov = ParameterTuple([layer.matrix_g_cov for layer in self.thor_cells])
         self.thor_flags = ParameterTuple([layer.thor_flag for layer in self.thor_cells])
-        self.reduce_a = FactorAllReduce(self.num_layers, self.split_indices)
-        self.reduce_g = FactorAllReduce(self.num_layers, self.split_indices)
+        self.reduce_a = FactorAllReduce(self.num_layers, self.split_indices, ordered=distribute_inverses)
+        self.reduce_g = FactorAllReduce(self.num_layers, self.split_indices, ordered=distribute_inverses)
+        self.sharing = InverseSharing(self.slots, self.split_indices, distribute_inverses)  # see _thor.sharing
         self.factor_loss_scale = Parameter(Tensor(loss_scale, mstype.float32), name="factor_loss_scale",
                                            requires_grad=False)
         self.frequency_tensor = Tensor([self.frequency], mstype.int32)
@@ -321,25 +326,22 @@ class ThorOptimizer(Optimizer):
             anchor = gradients[self.slots[i].grad_index]
             a_factors += (ops.depend(self.matrix_a_cov[i], anchor),)
             g_factors += (ops.depend(self.matrix_g_cov[i], anchor) * g_unscale,)
-        a_factors = self.reduce_a(a_factors)
-        g_factors = self.reduce_g(g_factors)
+        a_factors = self.reduce_a(self.sharing.after(a_factors, gradients))
+        g_factors = self.reduce_g(self.sharing.after(g_factors, a_factors))
+        new_a, new_g = (), ()
+        for i in range(self.num_layers):  # this rank's layers only (all of them unless shared)
+            slot = self.slots[i]
+            if self.sharing.owned[i]:
+                a_inv, g_inv = invert_layer(slot, a_factors[i], g_factors[i], lam)
+                a_inv = self.sharing.count(i, a_inv)
+            else:
+                a_inv, g_inv = ops.zeros_like(slot.a_inv), ops.zeros_like(slot.g_inv)
+            new_a += (a_inv,)
+            new_g += (g_inv,)
+        new_a, new_g = self.sharing(new_a, new_g, g_factors)
         done = ()
         for i in range(self.num_layers):
-            slot = self.slots[i]
-            if slot.is_embedding:
-                new_a = pc.damped_diagonal_inverse(a_factors[i], lam)
-                ok_a = ops.all(ops.isfinite(new_a))
-            else:
-                geom = slot.a_geom
-                blocks = pc.damped_blocks(a_factors[i], lam, geom[0], geom[1], geom[2], slot.a_eye, slot.a_pad_eye)
-                new_a = pc.invert_blocks(blocks)
-                ok_a = pc.accept_inverse(blocks, new_a, slot.a_eye)
-            geom = slot.g_geom
-            blocks = pc.damped_blocks(g_factors[i], lam, geom[0], geom[1], geom[2], slot.g_eye, slot.g_pad_eye)
-            new_g = pc.invert_blocks(blocks)
-            ok_g = pc.accept_inverse(blocks, new_g, slot.g_eye)
-            done += (ops.assign(slot.a_inv, ops.select(ok_a, new_a, slot.a_inv)),)
-            done += (ops.assign(slot.g_inv, ops.select(ok_g, new_g, slot.g_inv)),)
+            done += (ops.assign(self.slots[i].a_inv, new_a[i]), ops.assign(self.slots[i].g_inv, new_g[i]))
         return F.depend(gradients, done)
 
     def _precondition(self, gradients, lam):

@@ -22,6 +22,12 @@ fuses the reductions of a group into one communication.
 
 Outside data-parallel training (stand-alone, or a group of one device) the Cell is the identity and
 builds no communication ops.
+
+``ordered=True`` sequences the reductions: reduction l starts after reduction l-1 has finished (a
+data dependency). A collective backend matches collectives across ranks by the order they are
+issued; ranks running the same graph issue them in the same order anyway, but when the graphs differ
+between ranks (``distribute_inverses``: each rank inverts other layers) the schedule may not, so the
+order must be written into the graph.
 """
 from __future__ import annotations
 
@@ -60,6 +66,7 @@ class FactorAllReduce(nn.Cell):
     Args:
         num_layers (int): number of THOR layers (length of the tuples passed to ``construct``).
         split_indices (Optional[Sequence[int]]): last layer index of each fusion group; None: one group.
+        ordered (bool): issue the reductions strictly in layer order (see the module docstring).
 
     Inputs:
         factors (tuple[Tensor]): one factor per layer.
@@ -68,12 +75,13 @@ class FactorAllReduce(nn.Cell):
         tuple[Tensor]: the factors averaged over the data-parallel ranks (unchanged on one device).
     """
 
-    def __init__(self, num_layers: int, split_indices: Optional[Sequence[int]] = None):
+    def __init__(self, num_layers: int, split_indices: Optional[Sequence[int]] = None, ordered: bool = False):
         super().__init__()
         self.num_layers = int(num_layers)
         self.split_indices = list(split_indices) if split_indices is not None else None
         self.group_size = data_parallel_group_size()
         self.is_distributed = self.group_size > 1
+        self.ordered = bool(ordered)
         self.groups = fusion_groups(self.num_layers, self.split_indices)
         if self.is_distributed:
             ops_per_group = {}
@@ -89,5 +97,8 @@ class FactorAllReduce(nn.Cell):
             return factors
         out = ()
         for i in range(self.num_layers):
-            out = out + (self.allreduces[i](factors[i]) * self.scale,)
+            factor = factors[i]
+            if self.ordered and i > 0:
+                factor = ops.depend(factor, out[i - 1])
+            out = out + (self.allreduces[i](factor) * self.scale,)
         return out

@@ -5,6 +5,10 @@ concatenated batch, with ``split_indices=[0]`` (two fusion groups) and the defau
 This holds because the factors are mean-all-reduced: with the per-device normalisation
 A = a^T a / B and G = B d^T d = (1/B) sum_i g_i g_i^T (d = g/B for the local mean loss), the mean of
 the two ranks' factors is the factor of the 2B-sample batch, as the mean gradient is its gradient.
+
+With ``distribute_inverses=True`` each layer is inverted by one rank only (each rank's
+``inversion_count`` shows its share; the shares partition the layers) and the parameters are those of
+the run where both ranks invert everything, and so again those of the concatenated batch.
 """
 import os
 import socket
@@ -18,6 +22,8 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 WORKER = os.path.join(HERE, "worker.py")
 OPTIMIZER = "thor"
 CONFIGS = ("split0", "default")
+SHARED = {"shared_split0": "split0", "shared_default": "default"}  # shared config -> its unshared twin
+META = ("__losses__", "__owners__", "__costs__", "__sharing_fusion__")
 
 pytestmark = [pytest.mark.distributed, pytest.mark.slow]
 
@@ -86,3 +92,44 @@ def test_factor_allreduce_mean_and_fusion_groups(results, tag, fusion):
         for i in range(3):
             np.testing.assert_allclose(reduced[f"arr_{i}"], np.full((2, 2), 1.5 * (i + 1)), rtol=0)
         np.testing.assert_array_equal(reduced["fusion"], fusion)
+
+
+@pytest.mark.parametrize("shared", sorted(SHARED))
+def test_shared_inverses_equal_unshared_and_concatenated_batch(results, shared):
+    plain = SHARED[shared]
+    for rank in range(2):
+        got = np.load(results / f"{shared}_rank{rank}.npz")
+        want = np.load(results / f"{plain}_rank{rank}.npz")
+        names = [k for k in want.files if k not in META]
+        assert set(names) == {k for k in got.files if k not in META and k != "inversion_count"}
+        for name in names:  # the owner's inverse plus zeros (x + 0 == x): bit-for-bit the unshared numbers
+            np.testing.assert_array_equal(got[name], want[name], err_msg=name)
+        np.testing.assert_array_equal(got["__losses__"], want["__losses__"])
+    single = np.load(results / f"{shared}_single.npz")
+    rank0 = np.load(results / f"{shared}_rank0.npz")
+    for name in single.files:
+        if name in META or name.endswith(("matrix_a_cov", "matrix_g_cov")) or name == "inversion_count":
+            continue
+        np.testing.assert_allclose(rank0[name], single[name], rtol=1e-4, atol=1e-6, err_msg=name)
+
+
+@pytest.mark.parametrize("shared", sorted(SHARED))
+def test_each_rank_inverts_only_its_share(results, shared):
+    from ms_optim._thor.sharing import assign_inversions
+
+    ranks = [np.load(results / f"{shared}_rank{r}.npz") for r in range(2)]
+    owners = ranks[0]["__owners__"]
+    np.testing.assert_array_equal(ranks[1]["__owners__"], owners)  # both ranks computed the same assignment
+    costs = [int(c) for c in ranks[0]["__costs__"]]
+    # SmallNet: conv A 18x18 + G 3x3, fc1 A 48x48 + G 5x5, fc2 A 5x5 + G 3x3 (one block each)
+    assert costs == [18 ** 3 + 3 ** 3, 48 ** 3 + 5 ** 3, 5 ** 3 + 3 ** 3]
+    assert tuple(owners) == assign_inversions(costs, 2) == (1, 0, 1)  # LPT: fc1 alone, conv + fc2 together
+    thor_steps = 3  # steps 0, 2, 4 of 5 at frequency 2
+    counts = np.stack([r["inversion_count"] for r in ranks])
+    for rank in range(2):
+        np.testing.assert_array_equal(counts[rank], np.where(owners == rank, thor_steps, 0), err_msg=f"rank {rank}")
+    np.testing.assert_array_equal(counts.sum(axis=0), [thor_steps] * 3)  # every layer inverted by exactly one rank
+    # one device: every layer inverted locally
+    np.testing.assert_array_equal(np.load(results / f"{shared}_single.npz")["inversion_count"], [thor_steps] * 3)
+    fusion = ranks[0]["__sharing_fusion__"]  # one fused AllReduce per split_indices group, ids apart from the factors'
+    assert list(fusion) == ([1024, 1025, 1025] if shared == "shared_split0" else [1024, 1024, 1024])

@@ -6,6 +6,9 @@ rank takes its half of the batch (data parallel, ``gradients_mean=True``, mccl b
 every configuration to ``OUT/<tag>_rank<r>.npz`` (``OUT/<tag>_single.npz`` alone), plus a direct
 check of ``FactorAllReduce`` under ``msrun``.
 
+Configurations: ``CONFIGS`` (every rank inverts every layer) and ``SHARED_CONFIGS`` (THOR only,
+``distribute_inverses=True``: each layer inverted by one rank, counted in ``inversion_count``).
+
 Usage: python worker.py --out DIR --optimizer {thor,momentum} [--single] [--steps N]
 """
 from __future__ import annotations
@@ -26,6 +29,8 @@ from ms_optim._bridge import prime_numpy_bridge  # noqa: E402
 
 GLOBAL_BATCH = 8
 CONFIGS = {"split0": [0], "default": None}  # split_indices per configuration
+# the same two with the inversions shared across ranks (distribute_inverses=True)
+SHARED_CONFIGS = {"shared_split0": [0], "shared_default": None}
 
 
 class SmallNet(nn.Cell):
@@ -51,7 +56,7 @@ def global_batches(steps: int):
     return xs, ys
 
 
-def build(optimizer: str, split_indices, batch_size: int):
+def build(optimizer: str, split_indices, batch_size: int, distribute_inverses: bool = False):
     ms.set_seed(0)
     net = SmallNet()
     if optimizer == "thor":
@@ -60,7 +65,7 @@ def build(optimizer: str, split_indices, batch_size: int):
         lr = Tensor(np.full((64,), 0.05, np.float32))
         damping = Tensor(np.full((64,), 0.03, np.float32))
         opt = thor(net, lr, damping, 0.9, weight_decay=1e-4, batch_size=batch_size,
-                   split_indices=split_indices, frequency=2)
+                   split_indices=split_indices, frequency=2, distribute_inverses=distribute_inverses)
     else:
         opt = nn.Momentum(net.trainable_params(), 0.05, 0.9)
     loss = nn.SoftmaxCrossEntropyWithLogits(sparse=True, reduction="mean")
@@ -85,8 +90,9 @@ def main() -> None:
         ms.set_auto_parallel_context(parallel_mode=ms.ParallelMode.DATA_PARALLEL, gradients_mean=True)
     local = GLOBAL_BATCH // size
     xs, ys = global_batches(args.steps)
-    for tag, split in CONFIGS.items():
-        net, train = build(args.optimizer, split, local)
+    configs = dict(CONFIGS, **(SHARED_CONFIGS if args.optimizer == "thor" else {}))
+    for tag, split in configs.items():
+        net, train = build(args.optimizer, split, local, distribute_inverses=tag in SHARED_CONFIGS)
         losses = []
         for s in range(args.steps):
             x = xs[s, rank * local:(rank + 1) * local]
@@ -97,6 +103,11 @@ def main() -> None:
         params = {p.name: p.asnumpy() for p in net.get_parameters()}
         params.update({p.name: p.asnumpy() for p in train.optimizer.get_parameters()})
         params["__losses__"] = np.array(losses)
+        sharing = getattr(train.optimizer, "sharing", None)
+        if tag in SHARED_CONFIGS:  # who inverts what, as this rank computed it
+            params["__owners__"] = np.array(sharing.owners)
+            params["__costs__"] = np.array(sharing.costs)
+            params["__sharing_fusion__"] = np.array([op.attrs["fusion"] for op in getattr(sharing, "allreduces", [])])
         name = f"{tag}_single.npz" if args.single else f"{tag}_rank{rank}.npz"
         np.savez(os.path.join(args.out, name), **params)
     if not args.single:
