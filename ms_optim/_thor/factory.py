@@ -15,6 +15,7 @@ from mindspore import Tensor, nn
 
 from ms_optim._thor.convert import ConvertNetUtils, count_thor_cells, thor_candidates, thor_class_for
 from ms_optim._thor.optimizer import ThorOptimizer
+from ms_optim._thor.trace import check_trace_thresholds
 from ms_optim._validation import (
     check_bool,
     check_callable,
@@ -132,7 +133,7 @@ def _validate(net, learning_rate, damping, momentum, weight_decay, loss_scale, b
 
 def thor(net, learning_rate, damping, momentum, weight_decay=0.0, loss_scale=1.0, batch_size=32,
          use_nesterov=False, decay_filter=lambda x: x.name not in [], split_indices=None, enable_clip_grad=False,
-         frequency=100, *, inverse="blocked", block_size=128, kl_clip=None):
+         frequency=100, *, inverse="blocked", block_size=128, kl_clip=None, trace_thresholds=None):
     r"""THOR, the second-order optimizer, with the signature of MindSpore's THOR factory, on every backend.
 
     Validates every argument first (a refused call leaves ``net`` untouched), then converts ``net``
@@ -175,6 +176,12 @@ def thor(net, learning_rate, damping, momentum, weight_decay=0.0, loss_scale=1.0
             taken after preconditioning and before weight decay, clipping and momentum, every ``v`` is
             multiplied by ``nu = min(1, sqrt(c / (lr[t]^2 * |sum v . g|)))`` (``nu = 1`` when that
             denominator is 0 or not finite): kfac-pytorch's KL clipping (``ms_optim._thor.kl_clip``).
+        trace_thresholds (keyword-only): None (default: every layer re-inverted on every THOR step, MindSpore's
+            THOR exactly), a number ``omega`` or a pair ``(omega_1, omega_2)``, ``omega_1 >= omega_2 >= 0``:
+            THOR's trace rule; on a THOR step layer i is re-inverted only if the relative change
+            ``Delta_i = |T_i - T_i^last| / T_i^last`` of ``T_i = tr(A) tr(G)`` since its last inversion is
+            ``>= omega_1``, or ``>= omega_2`` once its interval (doubling after each such refresh) has
+            elapsed (``ms_optim._thor.trace``: the rule, its state Parameters and the inversion counters).
 
     Returns:
         ThorOptimizer, a ``mindspore.nn.Optimizer``.
@@ -183,9 +190,11 @@ def thor(net, learning_rate, damping, momentum, weight_decay=0.0, loss_scale=1.0
         TypeError: If `learning_rate` or `damping` is not a Tensor.
         TypeError: If `momentum` is not a float, `frequency` or `batch_size` not an int, `loss_scale`,
             `weight_decay` or `kl_clip` (unless None) not a number, `use_nesterov` or `enable_clip_grad` not a bool,
-            `decay_filter` not callable, `split_indices` not a list of ints, `net` not a Cell.
+            `decay_filter` not callable, `split_indices` not a list of ints, `net` not a Cell,
+            `trace_thresholds` not None, a number or a pair of numbers.
         ValueError: If `loss_scale`, `batch_size` or `kl_clip` is not positive.
-        ValueError: If `weight_decay` or `momentum` is less than 0.
+        ValueError: If `weight_decay` or `momentum` is less than 0; if `trace_thresholds` holds a NaN, infinite or
+            negative number, is a sequence not of length 2, or has ``omega_1 < omega_2``.
         ValueError: If `momentum`, `weight_decay`, `loss_scale` or `kl_clip` is NaN, infinite or beyond float32.
         ValueError: If `frequency` is less than 2; if `frequency`, `batch_size`, `block_size` or an entry of
             `split_indices` does not fit int32.
@@ -197,10 +206,11 @@ def thor(net, learning_rate, damping, momentum, weight_decay=0.0, loss_scale=1.0
     """
     _validate(net, learning_rate, damping, momentum, weight_decay, loss_scale, batch_size, use_nesterov, decay_filter,
               split_indices, enable_clip_grad, frequency, inverse, block_size, kl_clip)
+    thresholds = check_trace_thresholds(trace_thresholds, _NAME)  # before the net is converted
     ConvertNetUtils().convert_to_thor_net(net)
     layers = [cell for _, cell in thor_candidates(net)]  # the same rule the validation counted with
     return ThorOptimizer(net, layers, learning_rate, damping, float(momentum), float(weight_decay), float(loss_scale),
                          int(batch_size), bool(use_nesterov), decay_filter,
                          list(split_indices) if split_indices is not None else None, bool(enable_clip_grad),
                          int(frequency), inverse, int(block_size),
-                         kl_clip=None if kl_clip is None else float(kl_clip))
+                         kl_clip=None if kl_clip is None else float(kl_clip), trace_thresholds=thresholds)

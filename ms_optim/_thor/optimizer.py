@@ -19,6 +19,7 @@ Algorithm (one call of the optimizer is one step ``t``, its ``global_step``; ``f
         Ainv_l <- blockdiag_k (A_l,k + lam I)^-1              # 128-wide diagonal blocks (last smaller),
         Ginv_l <- blockdiag_k (G_l,k + lam I)^-1              # or the whole matrix (inverse="full")
         (embedding: Ainv_l <- 1 / (a_l + lam), a_l the diagonal of A)
+        (with trace_thresholds: only the layers the trace rule of ms_optim._thor.trace selects)
     (other steps reuse the stored Ainv, Ginv: no factor work at all)
     Dense/Conv2d weight:   g <- Ginv g Ainv                   (conv weight as out x (in*kh*kw))
     Embedding table:       g <- diag(Ainv) g Ginv
@@ -66,6 +67,8 @@ from ms_optim._thor import preconditioner as pc
 from ms_optim._thor.kl_clip import apply_kl_clip
 from ms_optim._thor.layers import ThorLayer
 from ms_optim._thor.parallel import FactorAllReduce
+from ms_optim._thor.slot import LayerSlot, invert_into
+from ms_optim._thor.trace import TraceSchedule
 from ms_optim.optim._base import check_schedule_length
 
 __all__ = ["ThorOptimizer", "LayerSlot"]
@@ -120,45 +123,6 @@ def _nesterov_step_tensor(momentum, learning_rate, gradient, weight, moment):
     return F.depend(True, F.depend(ops.assign_sub(weight, update), done))
 
 
-# ----------------------------------------------------------------------------------- per-layer slot
-class LayerSlot(nn.Cell):
-    """Everything the optimizer keeps about THOR layer ``index``, read by GRAPH_MODE as constants.
-
-    * ``kind`` (``"dense"``/``"conv"``/``"embedding"``) and ``is_embedding``;
-    * ``grad_index``: position of the layer's weight among the optimizer's parameters (the gradient
-      the factor read waits for: the backward pass has stored the factors by then);
-    * ``a_layout`` / ``g_layout``: the ``BlockLayout`` of A (None for an embedding's diagonal A)
-      and of G; ``a_geom`` / ``g_geom``: their ``(n, nblocks, bs)``; ``a_eye``, ``a_pad_eye``,
-      ``g_eye``, ``g_pad_eye``: their constant identity blocks and pad masks;
-    * ``a_inv`` / ``g_inv``: the stored inverses, Parameters ``matrix_a_inv_blocks_<index>`` /
-      ``matrix_g_inv_blocks_<index>`` (initially the identity).
-    """
-
-    def __init__(self, index: int, layer: ThorLayer, grad_index: int, block_size: Optional[int]):
-        super().__init__(auto_prefix=False)  # keep the inverses' names as they are (checkpoints)
-        self.kind = layer.kind
-        self.is_embedding = layer.kind == "embedding"
-        self.grad_index = int(grad_index)
-        self.g_layout = pc.BlockLayout(int(layer.g_dim), block_size)
-        self.g_geom = (self.g_layout.n, self.g_layout.nblocks, self.g_layout.bs)
-        self.g_eye = self.g_layout.eye
-        self.g_pad_eye = self.g_layout.pad_eye
-        self.g_inv = Parameter(Tensor(pc.identity_blocks(self.g_layout)), name=f"matrix_g_inv_blocks_{index}",
-                               requires_grad=False)
-        if self.is_embedding:
-            self.a_layout = None
-            self.a_geom = (0, 0, 0)
-            self.a_eye = self.a_pad_eye = Tensor(np.zeros((1,), np.float32))  # unused
-            a_inv = np.ones((int(layer.a_dim),), np.float32)
-        else:
-            self.a_layout = pc.BlockLayout(int(layer.a_dim), block_size)
-            self.a_geom = (self.a_layout.n, self.a_layout.nblocks, self.a_layout.bs)
-            self.a_eye = self.a_layout.eye
-            self.a_pad_eye = self.a_layout.pad_eye
-            a_inv = pc.identity_blocks(self.a_layout)
-        self.a_inv = Parameter(Tensor(a_inv), name=f"matrix_a_inv_blocks_{index}", requires_grad=False)
-
-
 # ----------------------------------------------------------------------------------- the optimizer
 class ThorOptimizer(Optimizer):
     r"""THOR's optimizer Cell (built by ``ms_optim._thor.factory.thor``; the update rule is in the module docstring).
@@ -181,13 +145,16 @@ class ThorOptimizer(Optimizer):
     * ``moments`` (``moments.<param name>``), ``momentum`` (Parameter), ``learning_rate`` (as
       ``nn.Optimizer``), ``damping`` (float32 Tensor), ``loss_scale``, ``batch_size``,
       ``weight_decay`` (float), ``decay_flags``, ``use_nesterov``, ``enable_clip_grad``,
-      ``inverse`` (``"blocked"``/``"full"``), ``block_size``, ``split_indices``, ``kl_clip`` (float or None).
+      ``inverse`` (``"blocked"``/``"full"``), ``block_size``, ``split_indices``, ``kl_clip`` (float or None);
+    * ``trace``: None (fixed schedule) or the :class:`~ms_optim._thor.trace.TraceSchedule` of
+      ``trace_thresholds`` (its ``inversions`` count the inversions per layer).
     """
 
     def __init__(self, net: nn.Cell, layers: Sequence[ThorLayer], learning_rate: Tensor, damping: Tensor,
                  momentum: float, weight_decay: float, loss_scale: float, batch_size: int, use_nesterov: bool,
                  decay_filter: Callable, split_indices: Optional[List[int]], enable_clip_grad: bool, frequency: int,
-                 inverse: str, block_size: int, kl_clip: Optional[float] = None):
+                 inverse: str, block_size: int, kl_clip: Optional[float] = None,
+                 trace_thresholds: Optional[Tuple[float, float]] = None):
         super().__init__(learning_rate, net.trainable_params(), 0.0, loss_scale)
         self.frequency = frequency
         self.batch_size = batch_size
@@ -223,6 +190,7 @@ class ThorOptimizer(Optimizer):
         self.matrix_a_cov = ParameterTuple([layer.matrix_a_cov for layer in self.thor_cells])
         self.matrix_g_cov = ParameterTuple([layer.matrix_g_cov for layer in self.thor_cells])
         self.thor_flags = ParameterTuple([layer.thor_flag for layer in self.thor_cells])
+        self.trace = None if trace_thresholds is None else TraceSchedule(self.num_layers, trace_thresholds)
         self.reduce_a = FactorAllReduce(self.num_layers, self.split_indices)
         self.reduce_g = FactorAllReduce(self.num_layers, self.split_indices)
         self.factor_loss_scale = Parameter(Tensor(loss_scale, mstype.float32), name="factor_loss_scale",
@@ -311,7 +279,8 @@ class ThorOptimizer(Optimizer):
         return ops.reshape(ops.gather(self.damping, step, 0), ())
 
     def _refresh_inverses(self, gradients, lam):
-        """THOR step: read the layers' factors, all-reduce, invert (damped, blocked), store."""
+        """THOR step: read the layers' factors, all-reduce, invert (damped, blocked; with ``trace``,
+        only the layers its rule selects), store."""
         a_factors = ()
         g_factors = ()
         g_unscale = ops.reciprocal(ops.square(self.factor_loss_scale))
@@ -321,24 +290,16 @@ class ThorOptimizer(Optimizer):
             g_factors += (ops.depend(self.matrix_g_cov[i], anchor) * g_unscale,)
         a_factors = self.reduce_a(a_factors)
         g_factors = self.reduce_g(g_factors)
-        done = ()
         for i in range(self.num_layers):
             slot = self.slots[i]
-            if slot.is_embedding:
-                new_a = pc.damped_diagonal_inverse(a_factors[i], lam)
-                ok_a = ops.all(ops.isfinite(new_a))
+            if self.trace is None:
+                gradients = F.depend(gradients, invert_into(slot, a_factors[i], g_factors[i], lam))
             else:
-                geom = slot.a_geom
-                blocks = pc.damped_blocks(a_factors[i], lam, geom[0], geom[1], geom[2], slot.a_eye, slot.a_pad_eye)
-                new_a = pc.invert_blocks(blocks)
-                ok_a = pc.accept_inverse(blocks, new_a, slot.a_eye)
-            geom = slot.g_geom
-            blocks = pc.damped_blocks(g_factors[i], lam, geom[0], geom[1], geom[2], slot.g_eye, slot.g_pad_eye)
-            new_g = pc.invert_blocks(blocks)
-            ok_g = pc.accept_inverse(blocks, new_g, slot.g_eye)
-            done += (ops.assign(slot.a_inv, ops.select(ok_a, new_a, slot.a_inv)),)
-            done += (ops.assign(slot.g_inv, ops.select(ok_g, new_g, slot.g_inv)),)
-        return F.depend(gradients, done)
+                refresh, done = self.trace.decide(i, a_factors[i], g_factors[i], slot.is_embedding)
+                gradients = F.depend(gradients, done)
+                if refresh:
+                    gradients = F.depend(gradients, invert_into(slot, a_factors[i], g_factors[i], lam))
+        return gradients
 
     def _precondition(self, gradients, lam):
         """Apply the stored inverses (Dense/Conv/Embedding) and the LayerNorm rule; others unchanged."""
