@@ -192,6 +192,11 @@ class ThorReference:
         self.losses = []
         self.clipped = 0  # how many tensors the clip changed (tests check that the feature was exercised)
 
+    def refresh_layer(self, name: str, kind: str, factors: Tuple[Array, Array]) -> bool:
+        """Whether a THOR step re-inverts layer ``name``: always (the fixed schedule); the trace rule's
+        oracle (``reference.thor_trace_ref``) overrides it."""
+        return True
+
     def _at(self, schedule: Array) -> float:
         return float(schedule[0] if schedule.size == 1 else schedule[self.t])
 
@@ -201,9 +206,11 @@ class ThorReference:
         lam = math.sqrt(self._at(self.damping))
         if self.t % self.frequency == 0:
             for name, kind in self.model.layers:
-                a, g = factors[name]
-                self.a_inv[name] = 1.0 / (a + lam) if kind == "embedding" else block_inverse(a, lam, self.block_size)
-                self.g_inv[name] = block_inverse(g, lam, self.block_size)
+                if self.refresh_layer(name, kind, factors[name]):
+                    a, g = factors[name]
+                    self.a_inv[name] = 1.0 / (a + lam) if kind == "embedding" else block_inverse(a, lam,
+                                                                                                 self.block_size)
+                    self.g_inv[name] = block_inverse(g, lam, self.block_size)
         new = {}
         for pname, grad in grads.items():
             owner, leaf = pname.rsplit(".", 1)
