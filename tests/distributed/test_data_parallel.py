@@ -1,7 +1,8 @@
 """Data-parallel THOR on 2 CPU ranks through ``msrun`` (mccl backend, 127.0.0.1).
 
 Both ranks must end with identical parameters, equal (rtol 1e-4) to one process trained on the
-concatenated batch, with ``split_indices=[0]`` (two fusion groups) and the default (one group).
+concatenated batch, with ``split_indices=[0]`` (two fusion groups), the default (one group) and
+``trace_thresholds`` (the trace rule's decisions and state agree on both ranks and with one process).
 This holds because the factors are mean-all-reduced: with the per-device normalisation
 A = a^T a / B and G = B d^T d = (1/B) sum_i g_i g_i^T (d = g/B for the local mean loss), the mean of
 the two ranks' factors is the factor of the 2B-sample batch, as the mean gradient is its gradient.
@@ -17,7 +18,7 @@ import pytest
 HERE = os.path.dirname(os.path.abspath(__file__))
 WORKER = os.path.join(HERE, "worker.py")
 OPTIMIZER = "thor"
-CONFIGS = ("split0", "default")
+CONFIGS = ("split0", "default", "trace")
 
 pytestmark = [pytest.mark.distributed, pytest.mark.slow]
 
@@ -72,6 +73,9 @@ def test_ranks_identical_and_equal_to_concatenated_batch(results, tag):
             continue
         np.testing.assert_array_equal(rank0[name], rank1[name], err_msg=name)
         np.testing.assert_allclose(rank0[name], single[name], rtol=1e-4, atol=1e-6, err_msg=name)
+    if tag == "trace":  # THOR's trace rule: every rank decided from the all-reduced factors, as the single process
+        counts = [int(single[f"thor_inversions_{i}"]) for i in range(3)]
+        assert min(counts) >= 1 and sum(counts) < 3 * 3, counts  # 3 THOR steps: some layer skipped one
     # each rank saw half the batch: the mean of the two local losses is the concatenated batch's loss
     np.testing.assert_allclose((rank0["__losses__"] + rank1["__losses__"]) / 2, single["__losses__"], rtol=1e-4)
     # and the training really moved (the parameters are not at their initial values on both sides)

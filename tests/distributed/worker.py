@@ -25,7 +25,8 @@ from mindspore import Tensor, nn  # noqa: E402
 from ms_optim._bridge import prime_numpy_bridge  # noqa: E402
 
 GLOBAL_BATCH = 8
-CONFIGS = {"split0": [0], "default": None}  # split_indices per configuration
+CONFIGS = {"split0": [0], "default": None, "trace": None}  # split_indices per configuration
+TRACE = {"trace": (0.5, 0.2)}  # trace_thresholds per configuration (decided from the all-reduced factors)
 
 
 class SmallNet(nn.Cell):
@@ -51,7 +52,7 @@ def global_batches(steps: int):
     return xs, ys
 
 
-def build(optimizer: str, split_indices, batch_size: int):
+def build(optimizer: str, split_indices, batch_size: int, trace_thresholds=None):
     ms.set_seed(0)
     net = SmallNet()
     if optimizer == "thor":
@@ -60,7 +61,7 @@ def build(optimizer: str, split_indices, batch_size: int):
         lr = Tensor(np.full((64,), 0.05, np.float32))
         damping = Tensor(np.full((64,), 0.03, np.float32))
         opt = thor(net, lr, damping, 0.9, weight_decay=1e-4, batch_size=batch_size,
-                   split_indices=split_indices, frequency=2)
+                   split_indices=split_indices, frequency=2, trace_thresholds=trace_thresholds)
     else:
         opt = nn.Momentum(net.trainable_params(), 0.05, 0.9)
     loss = nn.SoftmaxCrossEntropyWithLogits(sparse=True, reduction="mean")
@@ -86,7 +87,7 @@ def main() -> None:
     local = GLOBAL_BATCH // size
     xs, ys = global_batches(args.steps)
     for tag, split in CONFIGS.items():
-        net, train = build(args.optimizer, split, local)
+        net, train = build(args.optimizer, split, local, TRACE.get(tag))
         losses = []
         for s in range(args.steps):
             x = xs[s, rank * local:(rank + 1) * local]
