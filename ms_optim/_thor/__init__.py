@@ -23,6 +23,12 @@ layers in ``ms_optim.nn`` and ``ms_optim.train_thor``). How the modules fit:
     momentum buffers ``moments.``) and the step (update rule in its docstring). It receives the
     converted net and its layers; it never validates or converts.
 
+``slot.py`` -- ``LayerSlot`` (the optimizer's per-layer constants and stored inverses) and
+    ``invert_into``, the damped inversion of one layer's factors on a THOR step.
+
+``trace.py`` -- THOR's trace rule (``trace_thresholds``): per layer, from the change of the trace of
+    its FIM block since its last inversion, whether a THOR step re-inverts it; its state Parameters.
+
 ``preconditioner.py`` -- damping, (blocked) inverses and the G^-1 dW A^-1 products, pure functions.
 
 ``parallel.py`` -- ``FactorAllReduce``: mean all-reduce of factors in fusion groups split at

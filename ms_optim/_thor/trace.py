@@ -3,9 +3,11 @@ r"""Trace-based adaptive inverse updates, the "T" of THOR: ``thor(..., trace_thr
 THOR (Chen et al., AAAI 2021) observes that a layer's block of the Fisher information matrix (FIM)
 ``F_i = A_{i-1} (x) G_i`` settles during training, and decides per layer, from the change of its
 trace, whether its inverse must be recomputed; a stable layer keeps its inverse and the spacing of
-its updates grows. MindSpore's ``nn.thor`` implements only the fixed ``frequency``. The rule here
-(``trace_thresholds=None`` keeps the fixed schedule exactly: every layer re-inverted on every THOR
-step ``t % frequency == 0``):
+its updates grows. MindSpore's ``nn.thor`` implements only the fixed ``frequency``. The rule as
+implemented here: the paper's quantity (the relative change of the trace of the layer's FIM block)
+against two thresholds ``omega_1 >= omega_2``; how the band between them stretches a layer's interval
+is ms_optim's choice. ``trace_thresholds=None`` keeps the fixed schedule exactly (every layer
+re-inverted on every THOR step ``t % frequency == 0``).
 
 On every THOR step ``k``, for every THOR layer ``i``, with ``A_{i-1}``, ``G_i`` its factors of this step
 (``G`` divided by the loss scale, both mean all-reduced over data-parallel ranks BEFORE the decision,
