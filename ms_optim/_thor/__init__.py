@@ -49,4 +49,6 @@ flags start True (step 0 is a THOR step); ``ThorOptimizer.sync_thor_flags()`` re
 ``global_step`` (after loading a checkpoint without them). A step the caller skips (loss-scale
 overflow: the optimizer is not called) changes nothing: parameters, moments, inverses,
 ``global_step`` and the flags stay, so the retried step is again a THOR step if the skipped one was.
+With ``trace_thresholds`` the THOR steps are the same (every layer collects its factors on each);
+only whether a layer is re-inverted is decided per THOR step (``trace.py``).
 """
