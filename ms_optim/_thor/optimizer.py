@@ -68,7 +68,7 @@ from ms_optim._thor.kl_clip import apply_kl_clip
 from ms_optim._thor.layers import ThorLayer
 from ms_optim._thor.parallel import FactorAllReduce
 from ms_optim._thor.slot import LayerSlot, invert_into
-from ms_optim._thor.trace import TraceSchedule
+from ms_optim._thor.trace import TraceSchedule, decide
 from ms_optim.optim._base import check_schedule_length
 
 __all__ = ["ThorOptimizer", "LayerSlot"]
@@ -295,7 +295,7 @@ class ThorOptimizer(Optimizer):
             if self.trace is None:
                 gradients = F.depend(gradients, invert_into(slot, a_factors[i], g_factors[i], lam))
             else:
-                refresh, done = self.trace.decide(i, a_factors[i], g_factors[i], slot.is_embedding)
+                refresh, done = decide(self.trace, i, a_factors[i], g_factors[i], slot.is_embedding)
                 gradients = F.depend(gradients, done)
                 if refresh:
                     gradients = F.depend(gradients, invert_into(slot, a_factors[i], g_factors[i], lam))

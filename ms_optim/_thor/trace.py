@@ -55,7 +55,7 @@ from mindspore import Parameter, ParameterTuple, Tensor, nn, ops
 
 from ms_optim._validation import check_finite, check_non_negative, describe
 
-__all__ = ["check_trace_thresholds", "TraceSchedule", "MAX_INTERVAL"]
+__all__ = ["check_trace_thresholds", "TraceSchedule", "decide", "MAX_INTERVAL"]
 
 #: Cap of the per-layer interval ``m`` (THOR steps), so its doubling never overflows int32.
 MAX_INTERVAL = 2**30
@@ -112,7 +112,7 @@ def _trace(factor, diagonal: bool):
 class TraceSchedule(nn.Cell):
     """The per-layer state and decision of the trace rule (module docstring), for ``num_layers`` layers.
 
-    ``decide(i, a_factor, g_factor, a_diagonal)`` returns ``(refresh, done)``: the Boolean scalar
+    :func:`decide` ``(schedule, i, a_factor, g_factor, a_diagonal)`` returns ``(refresh, done)``: the Boolean scalar
     tensor ``refresh_i`` and the ``ops.assign`` results of the bookkeeping (``T^last``, ``c``, ``m``,
     ``n_inv``), to order the step on. ``inversions`` (ParameterTuple, ``thor_inversions_<i>``) counts the
     inversions performed per layer.
@@ -137,25 +137,29 @@ class TraceSchedule(nn.Cell):
         self.zero = Tensor(0, mstype.int32)
         self.max_interval = Tensor(MAX_INTERVAL, mstype.int32)
 
-    def decide(self, i: int, a_factor, g_factor, a_diagonal: bool):
-        """The rule for layer ``i`` on a THOR step; see the class docstring for the return value."""
-        trace_now = _trace(a_factor, a_diagonal) * _trace(g_factor, False)
-        last = self.last_trace[i]
-        delta = ops.abs(trace_now - last) / last
-        since = self.since[i] + self.one
-        interval = self.interval[i]
-        first = ops.equal(self.inversions[i], self.zero)
-        large = ops.logical_or(ops.logical_not(ops.less(delta, self.omega_1)), first)
-        due = ops.logical_and(ops.logical_not(ops.less(delta, self.omega_2)), ops.greater_equal(since, interval))
-        refresh = ops.logical_or(large, due)
-        grown = ops.minimum(interval * 2, self.max_interval)
-        new_interval = ops.select(refresh, ops.select(large, self.one, grown), interval)
-        done = (ops.assign(self.last_trace[i], ops.select(refresh, trace_now, last)),
-                ops.assign(self.since[i], ops.select(refresh, self.zero, since)),
-                ops.assign(self.interval[i], new_interval),
-                ops.assign(self.inversions[i], self.inversions[i] + ops.cast(refresh, mstype.int32)))
-        return refresh, done
-
     def inversion_counts(self) -> np.ndarray:
         """The inversions performed so far per layer (host side), int64 array of length ``num_layers``."""
         return np.array([int(p.asnumpy()) for p in self.inversions], np.int64)
+
+
+def decide(schedule: TraceSchedule, i: int, a_factor, g_factor, a_diagonal: bool):
+    """The rule for layer ``i`` of ``schedule`` on a THOR step: ``(refresh, done)``, see :class:`TraceSchedule`.
+
+    A module function, not a method: GRAPH_MODE resolves it once, whatever the number of optimizers.
+    """
+    trace_now = _trace(a_factor, a_diagonal) * _trace(g_factor, False)
+    last = schedule.last_trace[i]
+    delta = ops.abs(trace_now - last) / last
+    since = schedule.since[i] + schedule.one
+    interval = schedule.interval[i]
+    first = ops.equal(schedule.inversions[i], schedule.zero)
+    large = ops.logical_or(ops.logical_not(ops.less(delta, schedule.omega_1)), first)
+    due = ops.logical_and(ops.logical_not(ops.less(delta, schedule.omega_2)), ops.greater_equal(since, interval))
+    refresh = ops.logical_or(large, due)
+    grown = ops.minimum(interval * 2, schedule.max_interval)
+    new_interval = ops.select(refresh, ops.select(large, schedule.one, grown), interval)
+    done = (ops.assign(schedule.last_trace[i], ops.select(refresh, trace_now, last)),
+            ops.assign(schedule.since[i], ops.select(refresh, schedule.zero, since)),
+            ops.assign(schedule.interval[i], new_interval),
+            ops.assign(schedule.inversions[i], schedule.inversions[i] + ops.cast(refresh, mstype.int32)))
+    return refresh, done
