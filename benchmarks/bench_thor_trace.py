@@ -110,7 +110,7 @@ def train_run(frequency: int, thresholds, epochs: int, eval_every: int, target: 
             break
     per_layer = (opt.trace.inversion_counts().tolist() if opt.trace is not None
                  else [-(-step // frequency)] * layers)
-    return {"schedule": "fixed" if thresholds is None else "trace", "frequency": frequency,
+    return {"schedule": "fixed" if thresholds is None else "trace", "frequency": frequency, "seed": seed,
             "trace_thresholds": None if thresholds is None else list(thresholds), "layers": layers,
             "steps": step, "thor_steps": -(-step // frequency), "inversions": inversions(),
             "inversions_per_layer": per_layer,
@@ -181,7 +181,7 @@ def plot(runs: List[Dict], path: str, target: float) -> None:
 
     fig, (ax, bx) = plt.subplots(1, 2, figsize=(11, 4.2))
     for r in runs:
-        label = f"f={r['frequency']} {r['schedule']}"
+        label = f"f={r['frequency']} seed {r['seed']} {r['schedule']}"
         style = "-" if r["schedule"] == "trace" else "--"
         ax.plot([h["seconds"] for h in r["history"]], [h["test_accuracy"] for h in r["history"]], style,
                 marker=".", label=label)
@@ -192,7 +192,7 @@ def plot(runs: List[Dict], path: str, target: float) -> None:
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8, loc="lower right")
     ax.set_title("LeNet5 on digits, CPU: accuracy vs time", fontsize=10)
-    labels = [f"f={r['frequency']}\n{r['schedule']}" for r in runs]
+    labels = [f"f={r['frequency']} s{r['seed']}\n{r['schedule']}" for r in runs]
     bars = bx.bar(range(len(runs)), [r["inversions"] for r in runs],
                   color=["#4C72B0" if r["schedule"] == "fixed" else "#DD8452" for r in runs])
     for bar, r in zip(bars, runs):
@@ -213,12 +213,12 @@ def main(argv: Optional[List[str]] = None) -> int:
                                      formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="smoke run: f = 5, 1 epoch")
     parser.add_argument("--frequencies", type=int, nargs="+", default=None, help="THOR frequencies (default 20 5)")
-    parser.add_argument("--thresholds", type=float, nargs="+", default=[0.5, 0.1],
+    parser.add_argument("--thresholds", type=float, nargs="+", default=[10.0, 0.95],
                         help="trace_thresholds: omega (one number) or omega_1 omega_2")
     parser.add_argument("--epochs", type=int, default=None, help="epoch cap and lr-decay length (default 6)")
     parser.add_argument("--eval-every", type=int, default=11, help="steps between accuracy measurements")
     parser.add_argument("--target", type=float, default=0.97)
-    parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--seeds", type=int, nargs="+", default=[1], help="initial weights and batch order")
     parser.add_argument("--step-nets", nargs="*", choices=("lenet", "resnet18"), default=None,
                         help="nets for the THOR-step timing (default lenet; none with --quick unless given)")
     parser.add_argument("--repeats", type=int, default=10, help="timing rounds of the THOR-step timing")
@@ -249,13 +249,14 @@ def main(argv: Optional[List[str]] = None) -> int:
               f"({res['none_refresh_vs_fixed']:.2f}x)", flush=True)
         step_times.append(res)
     runs, comparisons = [], []
-    for f in ([] if args.skip_tta else freqs):
+    for f, seed in [(f, seed) for f in ([] if args.skip_tta else freqs) for seed in args.seeds]:
         pair = []
         for th in (None, thresholds):
-            r = train_run(f, th, epochs, args.eval_every, args.target, args.seed, data)
+            r = train_run(f, th, epochs, args.eval_every, args.target, seed, data)
             hit = r["seconds_to_target"]
             reached = "not reached" if hit is None else f"at {hit:.2f}s / step {r['steps_to_target']}"
-            print(f"f={f:<3d} {r['schedule']:5s}: {r['inversions']:4d} inversions in {r['thor_steps']} THOR steps "
+            print(f"f={f:<3d} seed {seed} {r['schedule']:5s}: {r['inversions']:4d} inversions in "
+                  f"{r['thor_steps']} THOR steps "
                   f"(per layer {r['inversions_per_layer']}), THOR steps {r['thor_step_seconds']:.2f}s of "
                   f"{r['train_seconds']:.2f}s, {args.target:.0%} "
                   f"{reached} "
@@ -263,7 +264,7 @@ def main(argv: Optional[List[str]] = None) -> int:
             runs.append(r)
             pair.append(r)
         fixed, trace = pair
-        cmp = {"frequency": f,
+        cmp = {"frequency": f, "seed": seed,
                "inversions_trace_vs_fixed": _ratio(trace["inversions"], fixed["inversions"]),
                "thor_step_seconds_per_thor_step_trace_vs_fixed": _ratio(
                    trace["thor_step_seconds"] / max(trace["thor_steps"], 1),
@@ -275,7 +276,7 @@ def main(argv: Optional[List[str]] = None) -> int:
                            and cmp["tta_trace_vs_fixed"] <= GOAL["tta_trace_vs_fixed"])
         comparisons.append(cmp)
         print("  trace/fixed: " + ", ".join(f"{k} {v:.2f}" if isinstance(v, float) else f"{k} {v}"
-                                          for k, v in cmp.items() if k != "frequency"), flush=True)
+                                          for k, v in cmp.items() if k not in ("frequency", "seed")), flush=True)
     if runs:
         plot(runs, os.path.join(args.out, f"bench_thor_trace{suffix}_tta.png"), args.target)
     path = write_json(os.path.join(args.out, f"bench_thor_trace{suffix}.json"),
