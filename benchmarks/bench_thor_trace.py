@@ -223,6 +223,7 @@ def main(argv: Optional[List[str]] = None) -> int:
                         help="nets for the THOR-step timing (default lenet; none with --quick unless given)")
     parser.add_argument("--repeats", type=int, default=10, help="timing rounds of the THOR-step timing")
     parser.add_argument("--skip-tta", action="store_true", help="skip the training runs")
+    parser.add_argument("--name", default="bench_thor_trace", help="file stem of the JSON and PNG")
     parser.add_argument("--out", default=RESULTS_DIR, help="folder for the JSON and PNG files")
     args = parser.parse_args(argv)
     if len(args.thresholds) not in (1, 2):
@@ -278,8 +279,8 @@ def main(argv: Optional[List[str]] = None) -> int:
         print("  trace/fixed: " + ", ".join(f"{k} {v:.2f}" if isinstance(v, float) else f"{k} {v}"
                                           for k, v in cmp.items() if k not in ("frequency", "seed")), flush=True)
     if runs:
-        plot(runs, os.path.join(args.out, f"bench_thor_trace{suffix}_tta.png"), args.target)
-    path = write_json(os.path.join(args.out, f"bench_thor_trace{suffix}.json"),
+        plot(runs, os.path.join(args.out, f"{args.name}{suffix}_tta.png"), args.target)
+    path = write_json(os.path.join(args.out, f"{args.name}{suffix}.json"),
                       {"quick": args.quick, "goal": GOAL, "epochs_cap": epochs, "target": args.target,
                        "trace_thresholds": list(thresholds), "recipe": {"lr": LR, "lr_power": LR_POWER,
                        "damping": DAMPING, "weight_decay": WEIGHT_DECAY, "batch": BATCH, "clip": True},
