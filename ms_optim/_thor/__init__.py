@@ -27,6 +27,12 @@ layers in ``ms_optim.nn`` and ``ms_optim.train_thor``). How the modules fit:
     momentum buffers ``moments.``) and the step (update rule in its docstring). It receives the
     converted net and its layers; it never validates or converts.
 
+``slot.py`` -- ``LayerSlot`` (the optimizer's per-layer constants and stored inverses) and
+    ``invert_into``, the damped inversion of one layer's factors on a THOR step.
+
+``trace.py`` -- THOR's trace rule (``trace_thresholds``): per layer, from the change of the trace of
+    its FIM block since its last inversion, whether a THOR step re-inverts it; its state Parameters.
+
 ``preconditioner.py`` -- damping, (blocked) inverses and the G^-1 dW A^-1 products, pure functions.
 
 ``parallel.py`` -- ``FactorAllReduce``: mean all-reduce of factors in fusion groups split at
@@ -51,4 +57,6 @@ flags start True (step 0 is a THOR step); ``ThorOptimizer.sync_thor_flags()`` re
 ``global_step`` (after loading a checkpoint without them). A step the caller skips (loss-scale
 overflow: the optimizer is not called) changes nothing: parameters, moments, inverses,
 ``global_step`` and the flags stay, so the retried step is again a THOR step if the skipped one was.
+With ``trace_thresholds`` the THOR steps are the same (every layer collects its factors on each);
+only whether a layer is re-inverted is decided per THOR step (``trace.py``).
 """

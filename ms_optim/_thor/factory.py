@@ -16,6 +16,7 @@ from mindspore import Tensor, nn
 from ms_optim._thor.conventions import apply_factor_convention, check_factor_convention, resolve_factor_convention
 from ms_optim._thor.convert import ConvertNetUtils, count_thor_cells, thor_candidates, thor_class_for
 from ms_optim._thor.optimizer import ThorOptimizer
+from ms_optim._thor.trace import check_trace_thresholds
 from ms_optim._validation import (
     check_bool,
     check_callable,
@@ -137,7 +138,7 @@ def _validate(net, learning_rate, damping, momentum, weight_decay, loss_scale, b
 def thor(net, learning_rate, damping, momentum, weight_decay=0.0, loss_scale=1.0, batch_size=32,
          use_nesterov=False, decay_filter=lambda x: x.name not in [], split_indices=None, enable_clip_grad=False,
          frequency=100, *, inverse="blocked", block_size=128, kl_clip=None, factor_convention="auto",
-         distribute_inverses=False):
+         distribute_inverses=False, trace_thresholds=None):
     r"""THOR, the second-order optimizer, with the signature of MindSpore's THOR factory, on every backend.
 
     Validates every argument first (a refused call leaves ``net`` untouched), then converts ``net``
@@ -208,6 +209,12 @@ def thor(net, learning_rate, damping, momentum, weight_decay=0.0, loss_scale=1.0
             are shared by a summing AllReduce of zero-padded contributions, fused in the ``split_indices``
             groups: the same numbers, 1/R of the inversion work per rank (KAISA; ``ms_optim._thor.sharing``).
             Changes nothing on one device. Default: False.
+        trace_thresholds (keyword-only): None (default: every layer re-inverted on every THOR step, MindSpore's
+            THOR exactly), a number ``omega`` or a pair ``(omega_1, omega_2)``, ``omega_1 >= omega_2 >= 0``:
+            THOR's trace rule; on a THOR step layer i is re-inverted only if the relative change
+            ``Delta_i = |T_i - T_i^last| / T_i^last`` of ``T_i = tr(A) tr(G)`` since its last inversion is
+            ``>= omega_1``, or ``>= omega_2`` once its interval (doubling after each such refresh) has
+            elapsed (``ms_optim._thor.trace``: the rule, its state Parameters and the inversion counters).
 
     Returns:
         ThorOptimizer, a ``mindspore.nn.Optimizer``.
@@ -217,10 +224,12 @@ def thor(net, learning_rate, damping, momentum, weight_decay=0.0, loss_scale=1.0
         TypeError: If `momentum` is not a float, `frequency` or `batch_size` not an int, `loss_scale`,
             `weight_decay` or `kl_clip` (unless None) not a number, `use_nesterov` or `enable_clip_grad` not a bool,
             `decay_filter` not callable, `split_indices` not a list of ints, `net` not a Cell,
-            `factor_convention` not a str, `distribute_inverses` not a bool.
+            `factor_convention` not a str, `distribute_inverses` not a bool, `trace_thresholds` not None,
+            a number or a pair of numbers.
         ValueError: If `factor_convention` is not 'auto', 'gpu', 'ascend' or 'kfc'.
         ValueError: If `loss_scale`, `batch_size` or `kl_clip` is not positive.
-        ValueError: If `weight_decay` or `momentum` is less than 0.
+        ValueError: If `weight_decay` or `momentum` is less than 0; if `trace_thresholds` holds a NaN, infinite or
+            negative number, is a sequence not of length 2, or has ``omega_1 < omega_2``.
         ValueError: If `momentum`, `weight_decay`, `loss_scale` or `kl_clip` is NaN, infinite or beyond float32.
         ValueError: If `frequency` is less than 2; if `frequency`, `batch_size`, `block_size` or an entry of
             `split_indices` does not fit int32.
@@ -233,6 +242,7 @@ def thor(net, learning_rate, damping, momentum, weight_decay=0.0, loss_scale=1.0
     _validate(net, learning_rate, damping, momentum, weight_decay, loss_scale, batch_size, use_nesterov, decay_filter,
               split_indices, enable_clip_grad, frequency, inverse, block_size, kl_clip, factor_convention,
               distribute_inverses)
+    thresholds = check_trace_thresholds(trace_thresholds, _NAME)  # before the net is converted
     convention = resolve_factor_convention(factor_convention)
     ConvertNetUtils().convert_to_thor_net(net)
     layers = [cell for _, cell in thor_candidates(net)]  # the same rule the validation counted with
@@ -242,4 +252,5 @@ def thor(net, learning_rate, damping, momentum, weight_decay=0.0, loss_scale=1.0
                          list(split_indices) if split_indices is not None else None, bool(enable_clip_grad),
                          int(frequency), inverse, int(block_size),
                          kl_clip=None if kl_clip is None else float(kl_clip), factor_convention=convention,
-                         distribute_inverses=distribute_inverses)
+                         distribute_inverses=distribute_inverses,
+                         trace_thresholds=thresholds)

@@ -20,6 +20,7 @@ Algorithm (one call of the optimizer is one step ``t``, its ``global_step``; ``f
         Ainv_l <- blockdiag_k (A_l,k + lam I)^-1              # 128-wide diagonal blocks (last smaller),
         Ginv_l <- blockdiag_k (G_l,k + lam I)^-1              # or the whole matrix (inverse="full")
         (embedding: Ainv_l <- 1 / (a_l + lam), a_l the diagonal of A)
+        (with trace_thresholds: only the layers the trace rule of ms_optim._thor.trace selects)
     (other steps reuse the stored Ainv, Ginv: no factor work at all)
     Dense/Conv2d weight:   g <- Ginv g Ainv                   (conv weight as out x (in*kh*kw))
     Embedding table:       g <- diag(Ainv) g Ginv
@@ -67,7 +68,9 @@ from ms_optim._thor import preconditioner as pc
 from ms_optim._thor.kl_clip import apply_kl_clip
 from ms_optim._thor.layers import ThorLayer
 from ms_optim._thor.parallel import FactorAllReduce
-from ms_optim._thor.sharing import InverseSharing, invert_layer
+from ms_optim._thor.sharing import InverseSharing
+from ms_optim._thor.slot import LayerSlot, invert_into, invert_layer
+from ms_optim._thor.trace import TraceSchedule, decide
 from ms_optim.optim._base import check_schedule_length
 
 __all__ = ["ThorOptimizer", "LayerSlot"]
@@ -122,45 +125,6 @@ def _nesterov_step_tensor(momentum, learning_rate, gradient, weight, moment):
     return F.depend(True, F.depend(ops.assign_sub(weight, update), done))
 
 
-# ----------------------------------------------------------------------------------- per-layer slot
-class LayerSlot(nn.Cell):
-    """Everything the optimizer keeps about THOR layer ``index``, read by GRAPH_MODE as constants.
-
-    * ``kind`` (``"dense"``/``"conv"``/``"embedding"``) and ``is_embedding``;
-    * ``grad_index``: position of the layer's weight among the optimizer's parameters (the gradient
-      the factor read waits for: the backward pass has stored the factors by then);
-    * ``a_layout`` / ``g_layout``: the ``BlockLayout`` of A (None for an embedding's diagonal A)
-      and of G; ``a_geom`` / ``g_geom``: their ``(n, nblocks, bs)``; ``a_eye``, ``a_pad_eye``,
-      ``g_eye``, ``g_pad_eye``: their constant identity blocks and pad masks;
-    * ``a_inv`` / ``g_inv``: the stored inverses, Parameters ``matrix_a_inv_blocks_<index>`` /
-      ``matrix_g_inv_blocks_<index>`` (initially the identity).
-    """
-
-    def __init__(self, index: int, layer: ThorLayer, grad_index: int, block_size: Optional[int]):
-        super().__init__(auto_prefix=False)  # keep the inverses' names as they are (checkpoints)
-        self.kind = layer.kind
-        self.is_embedding = layer.kind == "embedding"
-        self.grad_index = int(grad_index)
-        self.g_layout = pc.BlockLayout(int(layer.g_dim), block_size)
-        self.g_geom = (self.g_layout.n, self.g_layout.nblocks, self.g_layout.bs)
-        self.g_eye = self.g_layout.eye
-        self.g_pad_eye = self.g_layout.pad_eye
-        self.g_inv = Parameter(Tensor(pc.identity_blocks(self.g_layout)), name=f"matrix_g_inv_blocks_{index}",
-                               requires_grad=False)
-        if self.is_embedding:
-            self.a_layout = None
-            self.a_geom = (0, 0, 0)
-            self.a_eye = self.a_pad_eye = Tensor(np.zeros((1,), np.float32))  # unused
-            a_inv = np.ones((int(layer.a_dim),), np.float32)
-        else:
-            self.a_layout = pc.BlockLayout(int(layer.a_dim), block_size)
-            self.a_geom = (self.a_layout.n, self.a_layout.nblocks, self.a_layout.bs)
-            self.a_eye = self.a_layout.eye
-            self.a_pad_eye = self.a_layout.pad_eye
-            a_inv = pc.identity_blocks(self.a_layout)
-        self.a_inv = Parameter(Tensor(a_inv), name=f"matrix_a_inv_blocks_{index}", requires_grad=False)
-
-
 # ----------------------------------------------------------------------------------- the optimizer
 class ThorOptimizer(Optimizer):
     r"""THOR's optimizer Cell (built by ``ms_optim._thor.factory.thor``; the update rule is in the module docstring).
@@ -186,13 +150,15 @@ class ThorOptimizer(Optimizer):
       ``inverse`` (``"blocked"``/``"full"``), ``block_size``, ``split_indices``, ``kl_clip`` (float or None),
       ``factor_convention`` (``"gpu"``/``"ascend"``/``"kfc"``, applied by the layers: ``_thor.conventions``);
       ``sharing`` (``ms_optim._thor.sharing.InverseSharing``: which layers this rank inverts).
+    * ``trace``: None (fixed schedule) or the :class:`~ms_optim._thor.trace.TraceSchedule` of
+      ``trace_thresholds`` (its ``inversions`` count the inversions per layer).
     """
 
     def __init__(self, net: nn.Cell, layers: Sequence[ThorLayer], learning_rate: Tensor, damping: Tensor,
                  momentum: float, weight_decay: float, loss_scale: float, batch_size: int, use_nesterov: bool,
                  decay_filter: Callable, split_indices: Optional[List[int]], enable_clip_grad: bool, frequency: int,
                  inverse: str, block_size: int, kl_clip: Optional[float] = None, factor_convention: str = "kfc",
-                 distribute_inverses: bool = False):
+                 distribute_inverses: bool = False, trace_thresholds: Optional[Tuple[float, float]] = None):
         super().__init__(learning_rate, net.trainable_params(), 0.0, loss_scale)
         self.frequency = frequency
         self.batch_size = batch_size
@@ -232,6 +198,7 @@ class ThorOptimizer(Optimizer):
         self.reduce_a = FactorAllReduce(self.num_layers, self.split_indices, ordered=distribute_inverses)
         self.reduce_g = FactorAllReduce(self.num_layers, self.split_indices, ordered=distribute_inverses)
         self.sharing = InverseSharing(self.slots, self.split_indices, distribute_inverses)  # see _thor.sharing
+        self.trace = None if trace_thresholds is None else TraceSchedule(self.num_layers, trace_thresholds)
         self.factor_loss_scale = Parameter(Tensor(loss_scale, mstype.float32), name="factor_loss_scale",
                                            requires_grad=False)
         self.frequency_tensor = Tensor([self.frequency], mstype.int32)
@@ -318,7 +285,8 @@ class ThorOptimizer(Optimizer):
         return ops.reshape(ops.gather(self.damping, step, 0), ())
 
     def _refresh_inverses(self, gradients, lam):
-        """THOR step: read the layers' factors, all-reduce, invert (damped, blocked), store."""
+        """THOR step: read the layers' factors, all-reduce, invert (damped, blocked; with ``trace``,
+        only the layers its rule selects), store."""
         a_factors = ()
         g_factors = ()
         g_unscale = ops.reciprocal(ops.square(self.factor_loss_scale))
@@ -328,17 +296,40 @@ class ThorOptimizer(Optimizer):
             g_factors += (ops.depend(self.matrix_g_cov[i], anchor) * g_unscale,)
         a_factors = self.reduce_a(self.sharing.after(a_factors, gradients))
         g_factors = self.reduce_g(self.sharing.after(g_factors, a_factors))
-        new_a, new_g = (), ()
-        for i in range(self.num_layers):  # this rank's layers only (all of them unless shared)
+        if self.sharing.is_distributed:
+            return self._invert_and_share(gradients, a_factors, g_factors, lam)
+        for i in range(self.num_layers):
             slot = self.slots[i]
-            if self.sharing.owned[i]:
+            if self.trace is None:
+                gradients = F.depend(gradients, invert_into(slot, a_factors[i], g_factors[i], lam))
+            else:
+                refresh, done = decide(self.trace, i, a_factors[i], g_factors[i], slot.is_embedding)
+                gradients = F.depend(gradients, done)
+                if refresh:
+                    gradients = F.depend(gradients, invert_into(slot, a_factors[i], g_factors[i], lam))
+        return gradients
+
+    def _invert_and_share(self, gradients, a_factors, g_factors, lam):
+        """``distribute_inverses`` on R > 1 ranks: every rank takes the trace decisions (identical on all
+        ranks: the factors are all-reduced), inverts the refreshed layers it owns, contributes zeros for
+        the others, and ``sharing`` sums the contributions (a kept inverse is contributed as stored)."""
+        new_a, new_g = (), ()
+        for i in range(self.num_layers):
+            slot = self.slots[i]
+            refresh = True
+            if self.trace is not None:
+                refresh, done = decide(self.trace, i, a_factors[i], g_factors[i], slot.is_embedding)
+                gradients = F.depend(gradients, done)
+            if not self.sharing.owned[i]:
+                a_inv, g_inv = ops.zeros_like(slot.a_inv), ops.zeros_like(slot.g_inv)
+            elif refresh:
                 a_inv, g_inv = invert_layer(slot, a_factors[i], g_factors[i], lam)
                 a_inv = self.sharing.count(i, a_inv)
             else:
-                a_inv, g_inv = ops.zeros_like(slot.a_inv), ops.zeros_like(slot.g_inv)
+                a_inv, g_inv = slot.a_inv * 1, slot.g_inv * 1
             new_a += (a_inv,)
             new_g += (g_inv,)
-        new_a, new_g = self.sharing(new_a, new_g, g_factors)
+        new_a, new_g = self.sharing(new_a, new_g, F.depend(g_factors, gradients))
         done = ()
         for i in range(self.num_layers):
             done += (ops.assign(self.slots[i].a_inv, new_a[i]), ops.assign(self.slots[i].g_inv, new_g[i]))

@@ -1,14 +1,8 @@
-r"""THOR's inversions, and their sharing across data-parallel ranks (``thor(..., distribute_inverses=True)``).
+r"""THOR's inversions shared across data-parallel ranks (``thor(..., distribute_inverses=True)``).
 
-One layer's inversion (``invert_layer``), as every THOR step does it for every layer:
-
-.. code-block:: text
-
-    Ainv_l <- blockdiag_k (A_l,k + lam I)^-1     kept only if accepted (finite, accurate), else the old Ainv_l
-    Ginv_l <- blockdiag_k (G_l,k + lam I)^-1     likewise; embedding: Ainv_l <- 1 / (a_l + lam)
-
-Sharing (KAISA's idea, as in kfac-pytorch). Under data parallelism every rank holds the same
-all-reduced factors, so by default every rank inverts every layer: R times the same work. With
+One layer's inversion is ``ms_optim._thor.slot.invert_layer``. Sharing (KAISA's idea, as in
+kfac-pytorch): under data parallelism every rank holds the same all-reduced factors, so by default
+every rank inverts every layer: R times the same work. With
 ``distribute_inverses=True`` and R > 1 ranks, each layer is inverted by ONE rank, its owner, and the
 inverses are then shared:
 
@@ -63,7 +57,7 @@ from mindspore import Parameter, Tensor, nn, ops
 from ms_optim._thor import preconditioner as pc
 from ms_optim._thor.parallel import data_parallel_group_size, fusion_groups
 
-__all__ = ["layout_cost", "layer_cost", "assign_inversions", "invert_layer", "InverseSharing"]
+__all__ = ["layout_cost", "layer_cost", "assign_inversions", "InverseSharing"]
 
 # fusion ids of the inverse AllReduce: after any the factor AllReduce uses (its ids are 1 + group index)
 _FUSION_BASE = 1 << 10
@@ -101,24 +95,6 @@ def assign_inversions(costs: Sequence[int], num_ranks: int) -> Tuple[int, ...]:
         owners[layer] = rank
         loads[rank] += int(costs[layer])
     return tuple(owners)
-
-
-def invert_layer(slot, a_factor, g_factor, lam):
-    """The accepted damped inverses ``(Ainv, Ginv)`` of one layer (the module docstring's rule):
-    each is the new inverse if ``preconditioner.accept_inverse`` accepts it, else ``slot``'s stored one."""
-    if slot.is_embedding:
-        new_a = pc.damped_diagonal_inverse(a_factor, lam)
-        ok_a = ops.all(ops.isfinite(new_a))
-    else:
-        geom = slot.a_geom
-        blocks = pc.damped_blocks(a_factor, lam, geom[0], geom[1], geom[2], slot.a_eye, slot.a_pad_eye)
-        new_a = pc.invert_blocks(blocks)
-        ok_a = pc.accept_inverse(blocks, new_a, slot.a_eye)
-    geom = slot.g_geom
-    blocks = pc.damped_blocks(g_factor, lam, geom[0], geom[1], geom[2], slot.g_eye, slot.g_pad_eye)
-    new_g = pc.invert_blocks(blocks)
-    ok_g = pc.accept_inverse(blocks, new_g, slot.g_eye)
-    return ops.select(ok_a, new_a, slot.a_inv), ops.select(ok_g, new_g, slot.g_inv)
 
 
 class InverseSharing(nn.Cell):

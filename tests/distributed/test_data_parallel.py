@@ -1,7 +1,8 @@
 """Data-parallel THOR on 2 CPU ranks through ``msrun`` (mccl backend, 127.0.0.1).
 
 Both ranks must end with identical parameters, equal (rtol 1e-4) to one process trained on the
-concatenated batch, with ``split_indices=[0]`` (two fusion groups) and the default (one group).
+concatenated batch, with ``split_indices=[0]`` (two fusion groups), the default (one group) and
+``trace_thresholds`` (the trace rule's decisions and state agree on both ranks and with one process).
 This holds because the factors are mean-all-reduced: with the per-device normalisation
 A = a^T a / B and G = B d^T d = (1/B) sum_i g_i g_i^T (d = g/B for the local mean loss), the mean of
 the two ranks' factors is the factor of the 2B-sample batch, as the mean gradient is its gradient.
@@ -21,8 +22,9 @@ import pytest
 HERE = os.path.dirname(os.path.abspath(__file__))
 WORKER = os.path.join(HERE, "worker.py")
 OPTIMIZER = "thor"
-CONFIGS = ("split0", "default")
-SHARED = {"shared_split0": "split0", "shared_default": "default"}  # shared config -> its unshared twin
+CONFIGS = ("split0", "default", "trace")
+SHARED = {"shared_split0": "split0", "shared_default": "default",  # shared config -> its unshared twin
+          "shared_trace": "trace"}
 META = ("__losses__", "__owners__", "__costs__", "__sharing_fusion__")
 
 pytestmark = [pytest.mark.distributed, pytest.mark.slow]
@@ -78,6 +80,9 @@ def test_ranks_identical_and_equal_to_concatenated_batch(results, tag):
             continue
         np.testing.assert_array_equal(rank0[name], rank1[name], err_msg=name)
         np.testing.assert_allclose(rank0[name], single[name], rtol=1e-4, atol=1e-6, err_msg=name)
+    if tag == "trace":  # THOR's trace rule: every rank decided from the all-reduced factors, as the single process
+        counts = [int(single[f"thor_inversions_{i}"]) for i in range(3)]
+        assert min(counts) >= 1 and sum(counts) < 3 * 3, counts  # 3 THOR steps: some layer skipped one
     # each rank saw half the batch: the mean of the two local losses is the concatenated batch's loss
     np.testing.assert_allclose((rank0["__losses__"] + rank1["__losses__"]) / 2, single["__losses__"], rtol=1e-4)
     # and the training really moved (the parameters are not at their initial values on both sides)
@@ -124,12 +129,19 @@ def test_each_rank_inverts_only_its_share(results, shared):
     # SmallNet: conv A 18x18 + G 3x3, fc1 A 48x48 + G 5x5, fc2 A 5x5 + G 3x3 (one block each)
     assert costs == [18 ** 3 + 3 ** 3, 48 ** 3 + 5 ** 3, 5 ** 3 + 3 ** 3]
     assert tuple(owners) == assign_inversions(costs, 2) == (1, 0, 1)  # LPT: fc1 alone, conv + fc2 together
-    thor_steps = 3  # steps 0, 2, 4 of 5 at frequency 2
+    single = np.load(results / f"{shared}_single.npz")
+    if shared == "shared_trace":  # the inversions the trace rule chose (the same on both ranks and in one process)
+        per_layer = np.array([int(ranks[0][f"thor_inversions_{i}"]) for i in range(3)])
+        np.testing.assert_array_equal([int(ranks[1][f"thor_inversions_{i}"]) for i in range(3)], per_layer)
+        np.testing.assert_array_equal([int(single[f"thor_inversions_{i}"]) for i in range(3)], per_layer)
+        assert per_layer.min() >= 1 and per_layer.sum() < 9, per_layer  # the rule skipped some, not all
+    else:
+        per_layer = np.array([3] * 3)  # every layer on steps 0, 2, 4 of 5 at frequency 2
     counts = np.stack([r["inversion_count"] for r in ranks])
     for rank in range(2):
-        np.testing.assert_array_equal(counts[rank], np.where(owners == rank, thor_steps, 0), err_msg=f"rank {rank}")
-    np.testing.assert_array_equal(counts.sum(axis=0), [thor_steps] * 3)  # every layer inverted by exactly one rank
+        np.testing.assert_array_equal(counts[rank], np.where(owners == rank, per_layer, 0), err_msg=f"rank {rank}")
+    np.testing.assert_array_equal(counts.sum(axis=0), per_layer)  # every layer inverted by exactly one rank
     # one device: every layer inverted locally
-    np.testing.assert_array_equal(np.load(results / f"{shared}_single.npz")["inversion_count"], [thor_steps] * 3)
+    np.testing.assert_array_equal(single["inversion_count"], per_layer)
     fusion = ranks[0]["__sharing_fusion__"]  # one fused AllReduce per split_indices group, ids apart from the factors'
     assert list(fusion) == ([1024, 1025, 1025] if shared == "shared_split0" else [1024, 1024, 1024])

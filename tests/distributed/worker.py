@@ -28,9 +28,11 @@ from mindspore import Tensor, nn  # noqa: E402
 from ms_optim._bridge import prime_numpy_bridge  # noqa: E402
 
 GLOBAL_BATCH = 8
-CONFIGS = {"split0": [0], "default": None}  # split_indices per configuration
-# the same two with the inversions shared across ranks (distribute_inverses=True)
-SHARED_CONFIGS = {"shared_split0": [0], "shared_default": None}
+CONFIGS = {"split0": [0], "default": None, "trace": None}  # split_indices per configuration
+# the same with the inversions shared across ranks (distribute_inverses=True)
+SHARED_CONFIGS = {"shared_split0": [0], "shared_default": None, "shared_trace": None}
+# trace_thresholds per configuration (decided from the all-reduced factors)
+TRACE = {"trace": (0.5, 0.2), "shared_trace": (0.5, 0.2)}
 
 
 class SmallNet(nn.Cell):
@@ -56,7 +58,8 @@ def global_batches(steps: int):
     return xs, ys
 
 
-def build(optimizer: str, split_indices, batch_size: int, distribute_inverses: bool = False):
+def build(optimizer: str, split_indices, batch_size: int, distribute_inverses: bool = False,
+          trace_thresholds=None):
     ms.set_seed(0)
     net = SmallNet()
     if optimizer == "thor":
@@ -65,7 +68,8 @@ def build(optimizer: str, split_indices, batch_size: int, distribute_inverses: b
         lr = Tensor(np.full((64,), 0.05, np.float32))
         damping = Tensor(np.full((64,), 0.03, np.float32))
         opt = thor(net, lr, damping, 0.9, weight_decay=1e-4, batch_size=batch_size,
-                   split_indices=split_indices, frequency=2, distribute_inverses=distribute_inverses)
+                   split_indices=split_indices, frequency=2, distribute_inverses=distribute_inverses,
+                   trace_thresholds=trace_thresholds)
     else:
         opt = nn.Momentum(net.trainable_params(), 0.05, 0.9)
     loss = nn.SoftmaxCrossEntropyWithLogits(sparse=True, reduction="mean")
@@ -92,7 +96,8 @@ def main() -> None:
     xs, ys = global_batches(args.steps)
     configs = dict(CONFIGS, **(SHARED_CONFIGS if args.optimizer == "thor" else {}))
     for tag, split in configs.items():
-        net, train = build(args.optimizer, split, local, distribute_inverses=tag in SHARED_CONFIGS)
+        net, train = build(args.optimizer, split, local, distribute_inverses=tag in SHARED_CONFIGS,
+                           trace_thresholds=TRACE.get(tag))
         losses = []
         for s in range(args.steps):
             x = xs[s, rank * local:(rank + 1) * local]

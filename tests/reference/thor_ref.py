@@ -201,6 +201,11 @@ class ThorReference:
         self.losses = []
         self.clipped = 0  # how many tensors the clip changed (tests check that the feature was exercised)
 
+    def refresh_layer(self, name: str, kind: str, factors: Tuple[Array, Array]) -> bool:
+        """Whether a THOR step re-inverts layer ``name``: always (the fixed schedule); the trace rule's
+        oracle (``reference.thor_trace_ref``) overrides it."""
+        return True
+
     def _at(self, schedule: Array) -> float:
         return float(schedule[0] if schedule.size == 1 else schedule[self.t])
 
@@ -210,6 +215,8 @@ class ThorReference:
         lam = math.sqrt(self._at(self.damping))
         if self.t % self.frequency == 0:
             for name, kind in self.model.layers:
+                if not self.refresh_layer(name, kind, factors[name]):
+                    continue
                 if self.inverses is not None:
                     self.a_inv[name], self.g_inv[name] = self.inverses(self.model.raw[name], self._at(self.damping))
                     continue

@@ -1,0 +1,82 @@
+"""The optimizer's per-layer record, ``LayerSlot``, and the one inversion of a layer's factors.
+
+``ThorOptimizer`` keeps one :class:`LayerSlot` per THOR layer (its static block geometry and its
+stored inverses); :func:`invert_layer` is what a THOR step does to one layer once it has decided to
+refresh it: damp and invert A and G (blocked, or the diagonal for an embedding's A) and accept each
+inverse only if finite and accurate (``preconditioner.accept_inverse``), keeping the previous inverse
+where it is rejected; :func:`invert_into` also stores the result.
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+import numpy as np
+from mindspore import Parameter, Tensor, nn, ops
+
+from ms_optim._thor import preconditioner as pc
+from ms_optim._thor.layers import ThorLayer
+
+__all__ = ["LayerSlot", "invert_layer", "invert_into"]
+
+
+class LayerSlot(nn.Cell):
+    """Everything the optimizer keeps about THOR layer ``index``, read by GRAPH_MODE as constants.
+
+    * ``kind`` (``"dense"``/``"conv"``/``"embedding"``) and ``is_embedding``;
+    * ``grad_index``: position of the layer's weight among the optimizer's parameters (the gradient
+      the factor read waits for: the backward pass has stored the factors by then);
+    * ``a_layout`` / ``g_layout``: the ``BlockLayout`` of A (None for an embedding's diagonal A)
+      and of G; ``a_geom`` / ``g_geom``: their ``(n, nblocks, bs)``; ``a_eye``, ``a_pad_eye``,
+      ``g_eye``, ``g_pad_eye``: their constant identity blocks and pad masks;
+    * ``a_inv`` / ``g_inv``: the stored inverses, Parameters ``matrix_a_inv_blocks_<index>`` /
+      ``matrix_g_inv_blocks_<index>`` (initially the identity).
+    """
+
+    def __init__(self, index: int, layer: ThorLayer, grad_index: int, block_size: Optional[int]):
+        super().__init__(auto_prefix=False)  # keep the inverses' names as they are (checkpoints)
+        self.kind = layer.kind
+        self.is_embedding = layer.kind == "embedding"
+        self.grad_index = int(grad_index)
+        self.g_layout = pc.BlockLayout(int(layer.g_dim), block_size)
+        self.g_geom = (self.g_layout.n, self.g_layout.nblocks, self.g_layout.bs)
+        self.g_eye = self.g_layout.eye
+        self.g_pad_eye = self.g_layout.pad_eye
+        self.g_inv = Parameter(Tensor(pc.identity_blocks(self.g_layout)), name=f"matrix_g_inv_blocks_{index}",
+                               requires_grad=False)
+        if self.is_embedding:
+            self.a_layout = None
+            self.a_geom = (0, 0, 0)
+            self.a_eye = self.a_pad_eye = Tensor(np.zeros((1,), np.float32))  # unused
+            a_inv = np.ones((int(layer.a_dim),), np.float32)
+        else:
+            self.a_layout = pc.BlockLayout(int(layer.a_dim), block_size)
+            self.a_geom = (self.a_layout.n, self.a_layout.nblocks, self.a_layout.bs)
+            self.a_eye = self.a_layout.eye
+            self.a_pad_eye = self.a_layout.pad_eye
+            a_inv = pc.identity_blocks(self.a_layout)
+        self.a_inv = Parameter(Tensor(a_inv), name=f"matrix_a_inv_blocks_{index}", requires_grad=False)
+
+
+def invert_layer(slot: LayerSlot, a_factor, g_factor, lam):
+    """The accepted damped inverses ``(Ainv, Ginv)`` of one layer: ``(A + lam I)^-1`` and ``(G + lam I)^-1``
+    (blocked; an embedding's A: ``1 / (a + lam)``), each the new inverse if finite and accurate
+    (``preconditioner.accept_inverse``), else ``slot``'s stored one."""
+    if slot.is_embedding:
+        new_a = pc.damped_diagonal_inverse(a_factor, lam)
+        ok_a = ops.all(ops.isfinite(new_a))
+    else:
+        geom = slot.a_geom
+        blocks = pc.damped_blocks(a_factor, lam, geom[0], geom[1], geom[2], slot.a_eye, slot.a_pad_eye)
+        new_a = pc.invert_blocks(blocks)
+        ok_a = pc.accept_inverse(blocks, new_a, slot.a_eye)
+    geom = slot.g_geom
+    blocks = pc.damped_blocks(g_factor, lam, geom[0], geom[1], geom[2], slot.g_eye, slot.g_pad_eye)
+    new_g = pc.invert_blocks(blocks)
+    ok_g = pc.accept_inverse(blocks, new_g, slot.g_eye)
+    return ops.select(ok_a, new_a, slot.a_inv), ops.select(ok_g, new_g, slot.g_inv)
+
+
+def invert_into(slot: LayerSlot, a_factor, g_factor, lam):
+    """Store :func:`invert_layer`'s inverses in ``slot``; returns the two ``ops.assign`` results (to order on)."""
+    a_inv, g_inv = invert_layer(slot, a_factor, g_factor, lam)
+    return ops.assign(slot.a_inv, a_inv), ops.assign(slot.g_inv, g_inv)
