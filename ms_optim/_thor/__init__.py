@@ -28,7 +28,7 @@ layers in ``ms_optim.nn`` and ``ms_optim.train_thor``). How the modules fit:
     converted net and its layers; it never validates or converts.
 
 ``slot.py`` -- ``LayerSlot`` (the optimizer's per-layer constants and stored inverses) and
-    ``invert_into``, the damped inversion of one layer's factors on a THOR step.
+    ``invert_layer``, the damped inversion of one layer's factors on a THOR step.
 
 ``trace.py`` -- THOR's trace rule (``trace_thresholds``): per layer, from the change of the trace of
     its FIM block since its last inversion, whether a THOR step re-inverts it; its state Parameters.
@@ -38,9 +38,9 @@ layers in ``ms_optim.nn`` and ``ms_optim.train_thor``). How the modules fit:
 ``parallel.py`` -- ``FactorAllReduce``: mean all-reduce of factors in fusion groups split at
     ``split_indices``; identity on a single device.
 
-``sharing.py`` -- ``invert_layer`` (one layer's accepted damped inverses) and ``InverseSharing``
-    (``distribute_inverses``): which rank inverts which layer (cost-balanced, the same on every
-    rank), the inversion counter, and the AllReduce that shares the inverses.
+``sharing.py`` -- ``InverseSharing`` (``distribute_inverses``): which rank inverts which layer
+    (cost-balanced, the same on every rank), the inversion counter, and the AllReduce that shares the
+    inverses.
 
 ``model.py`` -- ``ModelThor`` (the dataset-sink loop, implemented here for every backend) and
     ``ConvertModelUtils.convert_to_thor_model``.

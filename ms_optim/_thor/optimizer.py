@@ -69,7 +69,7 @@ from ms_optim._thor.kl_clip import apply_kl_clip
 from ms_optim._thor.layers import ThorLayer
 from ms_optim._thor.parallel import FactorAllReduce
 from ms_optim._thor.sharing import InverseSharing
-from ms_optim._thor.slot import LayerSlot, invert_into, invert_layer
+from ms_optim._thor.slot import LayerSlot, invert_layer
 from ms_optim._thor.trace import TraceSchedule, decide
 from ms_optim.optim._base import check_schedule_length
 
@@ -299,15 +299,21 @@ class ThorOptimizer(Optimizer):
         if self.sharing.is_distributed:
             return self._invert_and_share(gradients, a_factors, g_factors, lam)
         for i in range(self.num_layers):
-            slot = self.slots[i]
             if self.trace is None:
-                gradients = F.depend(gradients, invert_into(slot, a_factors[i], g_factors[i], lam))
+                gradients = F.depend(gradients, self._invert_into(i, a_factors[i], g_factors[i], lam))
             else:
-                refresh, done = decide(self.trace, i, a_factors[i], g_factors[i], slot.is_embedding)
+                refresh, done = decide(self.trace, i, a_factors[i], g_factors[i], self.slots[i].is_embedding)
                 gradients = F.depend(gradients, done)
                 if refresh:
-                    gradients = F.depend(gradients, invert_into(slot, a_factors[i], g_factors[i], lam))
+                    gradients = F.depend(gradients, self._invert_into(i, a_factors[i], g_factors[i], lam))
         return gradients
+
+    def _invert_into(self, i, a_factor, g_factor, lam):
+        """Invert layer ``i`` (counted when ``sharing`` counts) and store; returns the two assignments."""
+        slot = self.slots[i]
+        a_inv, g_inv = invert_layer(slot, a_factor, g_factor, lam)
+        a_inv = self.sharing.count(i, a_inv)
+        return ops.assign(slot.a_inv, a_inv), ops.assign(slot.g_inv, g_inv)
 
     def _invert_and_share(self, gradients, a_factors, g_factors, lam):
         """``distribute_inverses`` on R > 1 ranks: every rank takes the trace decisions (identical on all

@@ -4,7 +4,7 @@
 stored inverses); :func:`invert_layer` is what a THOR step does to one layer once it has decided to
 refresh it: damp and invert A and G (blocked, or the diagonal for an embedding's A) and accept each
 inverse only if finite and accurate (``preconditioner.accept_inverse``), keeping the previous inverse
-where it is rejected; :func:`invert_into` also stores the result.
+where it is rejected.
 """
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from mindspore import Parameter, Tensor, nn, ops
 from ms_optim._thor import preconditioner as pc
 from ms_optim._thor.layers import ThorLayer
 
-__all__ = ["LayerSlot", "invert_layer", "invert_into"]
+__all__ = ["LayerSlot", "invert_layer"]
 
 
 class LayerSlot(nn.Cell):
@@ -75,8 +75,3 @@ def invert_layer(slot: LayerSlot, a_factor, g_factor, lam):
     ok_g = pc.accept_inverse(blocks, new_g, slot.g_eye)
     return ops.select(ok_a, new_a, slot.a_inv), ops.select(ok_g, new_g, slot.g_inv)
 
-
-def invert_into(slot: LayerSlot, a_factor, g_factor, lam):
-    """Store :func:`invert_layer`'s inverses in ``slot``; returns the two ``ops.assign`` results (to order on)."""
-    a_inv, g_inv = invert_layer(slot, a_factor, g_factor, lam)
-    return ops.assign(slot.a_inv, a_inv), ops.assign(slot.g_inv, g_inv)
