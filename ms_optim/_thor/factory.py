@@ -199,7 +199,7 @@ def thor(net, learning_rate, damping, momentum, weight_decay=0.0, loss_scale=1.0
               sum d d^T`` (MindSpore's damping ``sqrt(d bs / n)`` and product factor ``bs / n``,
               folded in); Embedding as gpu.
             * ``"auto"`` (default): ``"gpu"`` if MindSpore's ``device_target`` is GPU, ``"ascend"`` if
-              Ascend, ``"kfc"`` on CPU (the CPU default, until a benchmark decides).
+              Ascend, ``"kfc"`` on CPU (why: ``ms_optim._thor.conventions``).
 
             LayerNorm and everything else do not depend on it. The resolved value is the optimizer's
             ``factor_convention``.
