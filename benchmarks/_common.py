@@ -122,6 +122,18 @@ def write_json(path: str, payload: Mapping[str, Any]) -> str:
     return path
 
 
+def save_figure(fig, path: str, tight: bool = True) -> str:
+    """Write a matplotlib figure as the benchmarks' PNG (110 dpi; folders made as needed) and close it."""
+    import matplotlib.pyplot as plt
+
+    if tight:
+        fig.tight_layout()
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
 def bar_plot(path: str, labels: Sequence[str], values: Sequence[float], ylabel: str, title: str,
              errors: Optional[Sequence[Sequence[float]]] = None, hlines: Iterable[tuple] = (),
              marks: Optional[Sequence[float]] = None, marks_label: str = "") -> str:
@@ -152,7 +164,4 @@ def bar_plot(path: str, labels: Sequence[str], values: Sequence[float], ylabel: 
     ax.set_xticklabels(labels, rotation=20, ha="right", fontsize=8)
     ax.set_ylabel(ylabel)
     ax.set_title(title, fontsize=10)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return save_figure(fig, path)

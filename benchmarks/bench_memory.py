@@ -43,7 +43,7 @@ if not __package__:
         del sys.path[0]
     sys.path.insert(0, os.path.dirname(_HERE))
 
-from benchmarks._common import RESULTS_DIR, write_json  # noqa: E402
+from benchmarks._common import RESULTS_DIR, save_figure, write_json  # noqa: E402
 
 TARGETS = {"thor_vs_momentum_rss": 1.5, "thor_step_vs_momentum": 1.5}
 DEFAULT_CASES = "resnet50:8,resnet50:32,resnet18:32"
@@ -207,10 +207,7 @@ def plot(path: str, results: List[Dict]) -> str:
     ax.set_ylabel("peak host RSS (GiB)")
     ax.set_title("Peak memory, THOR vs Momentum (GRAPH_MODE, CPU)", fontsize=10)
     ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return save_figure(fig, path)
 
 
 def main(argv: Optional[List[str]] = None) -> int:

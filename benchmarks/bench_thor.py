@@ -44,7 +44,7 @@ if not __package__:
         del sys.path[0]
     sys.path.insert(0, os.path.dirname(_HERE))
 
-from benchmarks._common import RESULTS_DIR, bar_plot, interleaved_medians, write_json  # noqa: E402
+from benchmarks._common import RESULTS_DIR, bar_plot, interleaved_medians, save_figure, write_json  # noqa: E402
 
 TARGETS = {"non_thor_vs_momentum": 1.15, "amortised_f100_vs_momentum": 1.3, "tta_thor_vs_best_momentum": 0.7}
 MOMENTUM_LRS = (0.01, 0.03, 0.1, 0.3)
@@ -208,10 +208,7 @@ def tta_plot(tta: Dict, path: str) -> None:
     ax.grid(alpha=0.3)
     ax.legend(loc="lower right", fontsize=8)
     ax.set_title("LeNet5 on digits (32x32), CPU: time to accuracy", fontsize=10)
-    fig.tight_layout()
-    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    save_figure(fig, path)
 
 
 def main(argv: Optional[List[str]] = None) -> int:

@@ -41,7 +41,7 @@ if not __package__:
         del sys.path[0]
     sys.path.insert(0, os.path.dirname(_HERE))
 
-from benchmarks._common import RESULTS_DIR, write_json  # noqa: E402
+from benchmarks._common import RESULTS_DIR, save_figure, write_json  # noqa: E402
 
 MODELS = ("lenet", "resnet")
 
@@ -246,8 +246,7 @@ def plot(path: str, runs: List[Dict], lrs, dampings, frequencies) -> None:
     if image is not None:
         fig.colorbar(image, ax=axes, shrink=0.6, label="final test accuracy")
     fig.suptitle("THOR final test accuracy (red: NaN)", fontsize=10)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    save_figure(fig, path, tight=False)
 
 
 def _axis(runs: List[Dict], key: str) -> List:

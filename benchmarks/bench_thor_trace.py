@@ -35,7 +35,7 @@ if not __package__:
         del sys.path[0]
     sys.path.insert(0, os.path.dirname(_HERE))
 
-from benchmarks._common import RESULTS_DIR, interleaved_medians, write_json  # noqa: E402
+from benchmarks._common import RESULTS_DIR, interleaved_medians, save_figure, write_json  # noqa: E402
 
 GOAL = {"inversions_trace_vs_fixed": 0.5, "tta_trace_vs_fixed": 1.0}
 LR, LR_POWER, DAMPING, WEIGHT_DECAY, BATCH = 0.1, 2.0, 0.01, 1e-4, 32
@@ -202,10 +202,7 @@ def plot(runs: List[Dict], path: str, target: float) -> None:
     bx.set_xticklabels(labels, fontsize=8)
     bx.set_ylabel("layer inversions until the target (or the cap)")
     bx.set_title("inversions performed", fontsize=10)
-    fig.tight_layout()
-    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    save_figure(fig, path)
 
 
 def main(argv: Optional[List[str]] = None) -> int:
