@@ -8,7 +8,7 @@ rule, ``convert.thor_class_for`` (via ``convert.thor_candidates``), for the coun
 """
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 from mindspore import Tensor, nn
@@ -55,6 +55,14 @@ def _check_float32(name: str, value) -> None:
                          f"{_FLOAT32_MAX:.6g}), but got {value!r}.")
 
 
+def _check_scalar(name: str, value, kind: Callable, bound: Callable) -> None:
+    """``kind`` (check_float / check_number / check_int), then ``bound`` (check_positive /
+    check_non_negative), then that the value fits the int32 or float32 it is stored as."""
+    kind(name, value, _NAME)
+    bound(name, value, _NAME)
+    (_check_int32 if kind is check_int else _check_float32)(name, value)
+
+
 def _check_kl_clip(kl_clip) -> None:
     """None, or an int/float > 0 that is finite in float32."""
     if kl_clip is None:
@@ -84,18 +92,10 @@ def _validate(net, learning_rate, damping, momentum, weight_decay, loss_scale, b
     check_type("net", net, nn.Cell, _NAME, what="a Cell")
     _check_schedule("learning_rate", learning_rate)
     _check_schedule("damping", damping)
-    check_float("momentum", momentum, _NAME)
-    check_non_negative("momentum", momentum, _NAME)
-    _check_float32("momentum", momentum)
-    check_number("weight_decay", weight_decay, _NAME)
-    check_non_negative("weight_decay", weight_decay, _NAME)
-    _check_float32("weight_decay", weight_decay)
-    check_number("loss_scale", loss_scale, _NAME)
-    check_positive("loss_scale", loss_scale, _NAME)
-    _check_float32("loss_scale", loss_scale)
-    check_int("batch_size", batch_size, _NAME)
-    check_positive("batch_size", batch_size, _NAME)
-    _check_int32("batch_size", batch_size)
+    _check_scalar("momentum", momentum, check_float, check_non_negative)
+    _check_scalar("weight_decay", weight_decay, check_number, check_non_negative)
+    _check_scalar("loss_scale", loss_scale, check_number, check_positive)
+    _check_scalar("batch_size", batch_size, check_int, check_positive)
     check_bool("use_nesterov", use_nesterov, _NAME)
     check_callable("decay_filter", decay_filter, _NAME)
     check_bool("enable_clip_grad", enable_clip_grad, _NAME)
@@ -105,9 +105,7 @@ def _validate(net, learning_rate, damping, momentum, weight_decay, loss_scale, b
     if inverse not in ("blocked", "full"):
         raise ValueError(f"For '{_NAME}', the argument 'inverse' must be 'blocked' or 'full', "
                          f"but got {describe(inverse)}.")
-    check_int("block_size", block_size, _NAME)
-    check_positive("block_size", block_size, _NAME)
-    _check_int32("block_size", block_size)
+    _check_scalar("block_size", block_size, check_int, check_positive)
     _check_kl_clip(kl_clip)
     check_factor_convention(factor_convention, _NAME)
     check_bool("distribute_inverses", distribute_inverses, _NAME)
