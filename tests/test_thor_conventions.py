@@ -17,7 +17,7 @@ from mindspore import Tensor, nn
 from reference import thor_conventions as oracle
 from reference.thor_ref import ConvRef, EmbedRef, ThorReference
 from test_thor_optimizer import EmbedNet, _init_params, _params, _train_cell
-from thor_nets import MLP
+from thor_nets import MLP, labelled_batches
 from thor_snapshot import assert_unchanged, snapshot
 
 from ms_optim._thor import conventions
@@ -159,7 +159,6 @@ def test_model_thor_sink_loop_uses_the_convention(mode, convention):
     """ConvertModelUtils/ModelThor (sink mode, sink_size 3, frequency 4) train with the convention thor()
     set: the same parameters as a TrainOneStepCell loop over the same 12 batches, and fc1's stored A is
     the oracle's for the last THOR step's batch (gpu: a^T a / in)."""
-    import mindspore.dataset as ds
     from mindspore.train import Model
 
     from ms_optim._thor.model import ConvertModelUtils, ModelThor
@@ -184,8 +183,7 @@ def test_model_thor_sink_loop_uses_the_convention(mode, convention):
     loss = nn.SoftmaxCrossEntropyWithLogits(sparse=True, reduction="mean")
     model = ConvertModelUtils.convert_to_thor_model(Model(net, loss, opt), net, loss_fn=loss, optimizer=opt)
     assert isinstance(model, ModelThor)
-    data = ds.NumpySlicesDataset({"x": x, "y": y}, shuffle=False).batch(4, drop_remainder=True)
-    model.train(4, data, dataset_sink_mode=True, sink_size=3)
+    model.train(4, labelled_batches(x, y, 4), dataset_sink_mode=True, sink_size=3)
     assert int(opt.global_step.asnumpy().reshape(-1)[0]) == 12 and opt.factor_convention == convention
     last = x[4 * (8 % 5):4 * (8 % 5) + 4]                               # step 8 is the last THOR step
     want_a, _ = oracle.effective_factors(convention, ("dense", last, np.zeros((4, 5))), 4)

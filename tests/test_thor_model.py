@@ -10,11 +10,11 @@ import os
 import sys
 
 import mindspore as ms
-import mindspore.dataset as ds
 import numpy as np
 import pytest
 from mindspore import Tensor, nn
 from mindspore.train import Callback, CheckpointConfig, LossMonitor, Model, ModelCheckpoint, TimeMonitor
+from thor_nets import labelled_batches
 
 from ms_optim._thor.model import ConvertModelUtils, ModelThor
 
@@ -33,9 +33,7 @@ def _data(seed=0):
 
 
 def _dataset(x, y, batch=BATCH):
-    data = ds.NumpySlicesDataset({"x": x, "y": y.reshape(-1, 1)}, shuffle=False)
-    data = data.map(lambda v: v.reshape(()), input_columns="y")
-    return data.batch(batch, drop_remainder=True)
+    return labelled_batches(x, y, batch)
 
 
 class _MLP(nn.Cell):

@@ -1,6 +1,15 @@
 """Small MindSpore nets shared by the THOR optimizer and fault tests (their NumPy twins are in
-``reference/thor_ref.py``)."""
+``reference/thor_ref.py``), and the labelled dataset the Model/ModelThor tests feed them."""
+import mindspore.dataset as ds
 from mindspore import nn
+
+
+def labelled_batches(x, y, batch: int):
+    """``{"x", "y"}`` batches of ``batch`` rows, in order. The labels are sliced as (1,) arrays and
+    reshaped to scalars in the pipeline: with NumPy 2, MindSpore's dataset refuses NumPy scalars."""
+    data = ds.NumpySlicesDataset({"x": x, "y": y.reshape(-1, 1)}, shuffle=False)
+    data = data.map(lambda v: v.reshape(()), input_columns="y")
+    return data.batch(batch, drop_remainder=True)
 
 
 class MLP(nn.Cell):
