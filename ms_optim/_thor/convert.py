@@ -30,7 +30,7 @@ from mindspore import nn
 from ms_optim._thor.layers import Conv2dThor, DenseThor, EmbeddingThor, ThorLayer
 from ms_optim._validation import check_type
 
-__all__ = ["ConvertNetUtils", "thor_class_for", "thor_candidates", "count_thor_cells", "is_thor_layer"]
+__all__ = ["ConvertNetUtils", "thor_class_for", "thor_candidates", "count_thor_cells", "is_thor_cell"]
 
 _THOR_CLASSES = (DenseThor, Conv2dThor, EmbeddingThor)
 _FACTOR_ATTRS = ("matrix_a_cov", "matrix_g_cov", "thor_flag")
@@ -55,7 +55,7 @@ def thor_class_for(cell: nn.Cell) -> Optional[type]:
     return None
 
 
-def is_thor_layer(cell: nn.Cell) -> bool:
+def is_thor_cell(cell: nn.Cell) -> bool:
     """Whether ``cell`` is a THOR layer the optimizer preconditions (its weight is trainable)."""
     return isinstance(cell, ThorLayer) and cell.weight_param().requires_grad
 
@@ -69,7 +69,7 @@ def thor_candidates(net: nn.Cell) -> List[Tuple[str, nn.Cell]]:
     ``net`` itself is included only if it is already a THOR layer: a bare plain layer passed as the
     whole network cannot be replaced in place (wrap it in a Cell)."""
     return [(name, cell) for name, cell in net.cells_and_names()
-            if is_thor_layer(cell) or (cell is not net and thor_class_for(cell) is not None)]
+            if is_thor_cell(cell) or (cell is not net and thor_class_for(cell) is not None)]
 
 
 def count_thor_cells(net: nn.Cell) -> int:
