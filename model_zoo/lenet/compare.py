@@ -2,11 +2,12 @@
 
 Every optimizer trains the same LeNet5 (same seed, same batches) for ``--epochs`` epochs, or until
 ``--max-seconds`` of training, with its learning rate from ``tuned_lr.json`` (chosen by ``tune.py``,
-the same grid search for every optimizer) unless ``--lr`` overrides it. The held-out accuracy is
-measured every ``--eval-every`` steps (the clock is paused while measuring); progress shows while
-training (a bar on an interactive terminal, one line per epoch otherwise). A row below
-``--min-accuracy`` says why in the table's last column. The plot shows test accuracy against
-training seconds.
+the same grid search for every optimizer) unless ``--lr`` overrides it; THOR trains with train.py's
+recipe (``THOR_DEFAULTS``, the one tune.py tuned its lr with) unless ``--kl-clip`` or
+``--factor-convention`` overrides it. The held-out accuracy is measured every ``--eval-every`` steps
+(the clock is paused while measuring); progress shows while training (a bar on an interactive
+terminal, one line per epoch otherwise). A row below ``--min-accuracy`` says why in the table's last
+column. The plot shows test accuracy against training seconds.
 
     python model_zoo/lenet/compare.py --optimizers thor momentum --epochs 4 --plot lenet_digits.png
 """
@@ -32,10 +33,14 @@ from model_zoo.common.cli import OneLineArgumentParser, run_main  # noqa: E402
 from model_zoo.lenet.train import (  # noqa: E402
     EPOCHS,
     EVAL_EVERY,
+    FACTOR_CONVENTIONS,
     LABELS,
     OPTIMIZERS,
+    THOR_DEFAULTS,
     check_output_path,
+    parse_kl_clip,
     run,
+    thor_recipe,
     tuned_lr,
 )
 
@@ -108,6 +113,10 @@ def main(argv: Optional[List[str]] = None) -> int:
     parser.add_argument("--target", type=float, default=0.97)
     parser.add_argument("--min-accuracy", type=float, default=0.9, help="rows below this say why in the table")
     parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--kl-clip", type=parse_kl_clip, default=THOR_DEFAULTS["kl_clip"], metavar="C|none",
+                        help="THOR's KL clipping: a float > 0, or 'none' (train.py --help)")
+    parser.add_argument("--factor-convention", choices=FACTOR_CONVENTIONS, default=THOR_DEFAULTS["factor_convention"],
+                        help="THOR's factor normalisation (train.py --help)")
     parser.add_argument("--plot", default="lenet_digits.png", help="PNG of test accuracy vs seconds")
     parser.add_argument("--json", default=None, help="also write all results to this JSON file")
     parser.add_argument("--quiet", action="store_true", help="no progress while training")
@@ -131,13 +140,14 @@ def main(argv: Optional[List[str]] = None) -> int:
     check_output_path(parser, "--plot", args.plot)
     check_output_path(parser, "--json", args.json)
 
+    recipe = thor_recipe(kl_clip=args.kl_clip, factor_convention=args.factor_convention)
     results = []
     for name in args.optimizers:
         print(f"=== {LABELS[name]} (lr {lrs[name]:g}) ===", flush=True)
         try:
             results.append(run(name, epochs=args.epochs, lr=lrs[name], seed=args.seed, eval_every=args.eval_every,
                                target=args.target, quiet=args.quiet, max_seconds=args.max_seconds,
-                               label=LABELS[name]))
+                               label=LABELS[name], **(recipe if name == "thor" else {})))
         except Exception as exc:  # an extra row failing must not hide the others
             traceback.print_exc()
             results.append({"optimizer": name, "error": f"{type(exc).__name__}: {str(exc).splitlines()[0][:80]}"})

@@ -35,10 +35,24 @@ from model_zoo.common.cli import OneLineArgumentParser, TrainingFailed, run_main
 
 OPTIMIZERS = ("thor", "momentum", "lamb", "lars", "asgd")
 LABELS = {"thor": "THOR", "momentum": "Momentum", "lamb": "Lamb", "lars": "LARS(Momentum)", "asgd": "ASGD"}
-THOR_DEFAULTS = {"damping": 0.01, "frequency": 20, "weight_decay": 1e-4, "clip": True, "lr_decay": 2.0}
+THOR_DEFAULTS = {"damping": 0.01, "frequency": 20, "weight_decay": 1e-4, "clip": True, "lr_decay": 2.0,
+                 "kl_clip": None, "factor_convention": "auto"}
+FACTOR_CONVENTIONS = ("auto", "gpu", "ascend", "kfc")
+FLOAT32_MAX = 3.4028234663852886e38  # thor() refuses a kl_clip its float32 state cannot hold
 EPOCHS = 5          # the quickstart's budget per optimizer (and the tuning budget of tune.py)
 EVAL_EVERY = 11     # 44 steps per epoch at batch 32: four measurements per epoch
 TUNED_LR_FILE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "tuned_lr.json")
+
+
+def thor_recipe(**overrides) -> Dict[str, Any]:
+    """THOR's recipe as keyword arguments of :func:`run` (``THOR_DEFAULTS`` but the weight decay, which
+    ``make_optimizer`` reads itself), with ``overrides`` applied: one recipe for train.py, compare.py and tune.py."""
+    recipe = {k: v for k, v in THOR_DEFAULTS.items() if k != "weight_decay"}
+    unknown = set(overrides) - set(recipe)
+    if unknown:
+        raise TypeError(f"thor_recipe: unknown THOR setting(s) {sorted(unknown)}")
+    recipe.update(overrides)
+    return recipe
 
 
 def tuned_lr(path: str = TUNED_LR_FILE) -> Dict[str, float]:
@@ -74,6 +88,19 @@ def _positive_int(text: str) -> int:
     return value
 
 
+def parse_kl_clip(text: str) -> Optional[float]:
+    """argparse type of --kl-clip: "none" (no KL clipping) or a finite float > 0 that fits float32."""
+    if text.strip().lower() == "none":
+        return None
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number > 0 or 'none', got {text!r}") from None
+    if not (math.isfinite(value) and 0.0 < value <= FLOAT32_MAX):
+        raise argparse.ArgumentTypeError(f"kl-clip must be 'none' or finite, > 0 and <= {FLOAT32_MAX:g}, got {text}")
+    return value
+
+
 def check_output_path(parser: argparse.ArgumentParser, option: str, path: Optional[str]) -> None:
     """Refuse (before training) an output file whose directory does not exist or is a directory itself."""
     if path is None:
@@ -99,6 +126,12 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
     parser.add_argument("--lr-decay", type=_finite("lr-decay", 0.0, strict=False), default=THOR_DEFAULTS["lr_decay"],
                         help="THOR: power of the polynomial decay of lr to 0 over the run (0: constant lr)")
     parser.add_argument("--no-clip", action="store_true", help="THOR: no per-tensor gradient clipping")
+    parser.add_argument("--kl-clip", type=parse_kl_clip, default=THOR_DEFAULTS["kl_clip"], metavar="C|none",
+                        help="THOR: KL clipping, every preconditioned gradient v scaled by "
+                             "min(1, sqrt(C / (lr^2 |sum v.g|))); C a float > 0, or 'none' for no KL clipping")
+    parser.add_argument("--factor-convention", choices=FACTOR_CONVENTIONS, default=THOR_DEFAULTS["factor_convention"],
+                        help="THOR: normalisation of the factors A, G and the damping: MindSpore's GPU or Ascend "
+                             "THOR, or ms_optim's KFC formulas; auto = the device target's (kfc on CPU)")
     parser.add_argument("--seed", type=int, default=1, help="seed of the weights and the batch order")
     parser.add_argument("--split-seed", type=int, default=0, help="seed of the train/test split")
     parser.add_argument("--eval-every", type=_positive_int, default=EVAL_EVERY,
@@ -138,8 +171,11 @@ def thor_lr_schedule(lr: float, power: float, total_steps: int):
 
 def make_optimizer(name: str, net, lr: float, total_steps: int, batch_size: int,
                    damping: float = THOR_DEFAULTS["damping"], frequency: int = THOR_DEFAULTS["frequency"],
-                   clip: bool = THOR_DEFAULTS["clip"], lr_decay: float = THOR_DEFAULTS["lr_decay"]):
-    """Build the optimizer ``name`` for ``net`` (THOR gets per-step lr and damping Tensors)."""
+                   clip: bool = THOR_DEFAULTS["clip"], lr_decay: float = THOR_DEFAULTS["lr_decay"],
+                   kl_clip: Optional[float] = THOR_DEFAULTS["kl_clip"],
+                   factor_convention: str = THOR_DEFAULTS["factor_convention"]):
+    """Build the optimizer ``name`` for ``net`` (THOR gets per-step lr and damping Tensors, ``kl_clip`` and
+    ``factor_convention``; the first-order optimizers ignore the THOR arguments)."""
     import numpy as np
     from mindspore import Tensor
 
@@ -150,7 +186,8 @@ def make_optimizer(name: str, net, lr: float, total_steps: int, batch_size: int,
         lr_t = Tensor(thor_lr_schedule(lr, lr_decay, total_steps))
         damping_t = Tensor(np.full((total_steps,), damping, np.float32))
         return nn.thor(net, lr_t, damping_t, 0.9, weight_decay=THOR_DEFAULTS["weight_decay"],
-                       batch_size=batch_size, frequency=frequency, enable_clip_grad=clip)
+                       batch_size=batch_size, frequency=frequency, enable_clip_grad=clip, kl_clip=kl_clip,
+                       factor_convention=factor_convention)
     if name == "momentum":
         return nn.Momentum(params, lr, 0.9)
     if name == "lamb":
@@ -170,7 +207,9 @@ def run(optimizer: str = "thor", epochs: int = EPOCHS, batch_size: int = 32, lr:
         split_seed: int = 0, eval_every: int = EVAL_EVERY, target: float = 0.97, mode: str = "graph",
         stop_at_target: bool = False, quiet: bool = False, max_seconds: Optional[float] = None,
         clip: bool = THOR_DEFAULTS["clip"], lr_decay: float = THOR_DEFAULTS["lr_decay"],
-        data: Optional[Data] = None, checkpoint: Optional[str] = None, label: Optional[str] = None) -> Dict:
+        data: Optional[Data] = None, checkpoint: Optional[str] = None, label: Optional[str] = None,
+        kl_clip: Optional[float] = THOR_DEFAULTS["kl_clip"],
+        factor_convention: str = THOR_DEFAULTS["factor_convention"]) -> Dict:
     """Train once; return final loss, test accuracy, training seconds and the accuracy history.
 
     ``data`` replaces the digits split with ``(x_train, y_train, x_test, y_test)`` (tune.py passes a
@@ -201,7 +240,8 @@ def run(optimizer: str = "thor", epochs: int = EPOCHS, batch_size: int = 32, lr:
     total_steps = sinks * eval_every if sink else epochs * steps_per_epoch
     net = LeNet5()
     loss = ms_nn.SoftmaxCrossEntropyWithLogits(sparse=True, reduction="mean")
-    opt = make_optimizer(optimizer, net, lr, total_steps, batch_size, damping, frequency, clip, lr_decay)
+    opt = make_optimizer(optimizer, net, lr, total_steps, batch_size, damping, frequency, clip, lr_decay,
+                         kl_clip, factor_convention)
     model = Model(net, loss_fn=loss, optimizer=opt)
     model = ConvertModelUtils.convert_to_thor_model(model, network=net, loss_fn=loss, optimizer=opt)
     x_test = Tensor(x_te)
@@ -231,14 +271,16 @@ def run(optimizer: str = "thor", epochs: int = EPOCHS, batch_size: int = 32, lr:
             "test_accuracy": final_acc, "train_seconds": seconds, "target": target,
             "seconds_to_target": monitor.seconds_to_target, "stopped_by_time_cap": monitor.capped,
             "diverged": monitor.diverged, "checkpoint_step": monitor.saved_step, "history": history,
-            **({"damping": damping, "frequency": frequency} if optimizer == "thor" else {})}
+            **({"damping": damping, "frequency": frequency, "clip": clip, "lr_decay": lr_decay, "kl_clip": kl_clip,
+                "factor_convention": opt.factor_convention} if optimizer == "thor" else {})}
 
 
 def main(argv: Optional[List[str]] = None) -> int:
     args = parse_args(argv)
     result = run(args.optimizer, args.epochs, args.batch_size, args.lr, args.damping, args.frequency, args.seed,
                  args.split_seed, args.eval_every, args.target, args.mode, args.stop_at_target, args.quiet,
-                 args.max_seconds, not args.no_clip, args.lr_decay, checkpoint=args.checkpoint)
+                 args.max_seconds, not args.no_clip, args.lr_decay, checkpoint=args.checkpoint,
+                 kl_clip=args.kl_clip, factor_convention=args.factor_convention)
     if args.json:
         with open(args.json, "w", encoding="utf-8") as f:
             json.dump(result, f, indent=1)

@@ -15,7 +15,7 @@ Protocol (one rule for all five optimizers):
   * choice: the highest validation accuracy at the end of the budget (a diverged run scores 0; ties
     go to the lower final training loss). When the best is on an edge of the window, the next ladder
     point beyond it is run too (at most twice per optimizer); a choice still on the edge is flagged.
-    Runs already recorded in the output JSON with the same budget are reused, not repeated.
+    Runs already recorded in the output JSON with the same budget and recipe are reused, not repeated.
 
 The result goes to ``tuned_lr.json`` (read by ``train.py``, ``compare.py`` and the quickstart);
 ``--show`` prints the recorded table without training. CPU heavy (15 runs and the extensions): run it once, niced.
@@ -41,7 +41,7 @@ if not __package__:
         del sys.path[0]
     sys.path.insert(0, os.path.dirname(os.path.dirname(_HERE)))
 
-from model_zoo.lenet.train import EPOCHS, LABELS, OPTIMIZERS, TUNED_LR_FILE, run  # noqa: E402
+from model_zoo.lenet.train import EPOCHS, LABELS, OPTIMIZERS, TUNED_LR_FILE, run, thor_recipe  # noqa: E402
 
 TUNE_EPOCHS = 3
 LADDER = [0.001, 0.003, 0.01, 0.03, 0.1, 0.3, 1.0, 3.0, 10.0, 30.0, 100.0, 300.0]  # half-decade steps
@@ -55,9 +55,14 @@ GRID: Dict[str, List[float]] = {
 }
 
 
+def recipe(name: str) -> Optional[Dict]:
+    """The settings besides lr that ``name`` is tuned with: train.py's THOR recipe for THOR, None otherwise."""
+    return thor_recipe() if name == "thor" else None
+
+
 def measure(name: str, lr: float, epochs: int, data) -> Dict:
     """One tuning run: validation accuracy and final training loss after ``epochs`` epochs."""
-    res = run(name, epochs=epochs, lr=lr, data=data, quiet=True)
+    res = run(name, epochs=epochs, lr=lr, data=data, quiet=True, **(recipe(name) or {}))
     print(f"[tune] {LABELS[name]} lr {lr:g}: validation accuracy {res['test_accuracy']:.4f}, "
           f"final loss {res['final_loss']:.4f}" + (" (diverged)" if res["diverged"] is not None else ""), flush=True)
     return {"lr": lr, "val_accuracy": res["test_accuracy"], "final_loss": res["final_loss"],
@@ -116,7 +121,8 @@ def save(record: Dict, path: str, epochs: int) -> None:
     record["grid"] = {n: [r["lr"] for r in rows] for n, rows in record["results"].items()}
     tmp = f"{path}.tmp-{os.getpid()}"
     with open(tmp, "w", encoding="utf-8") as f:
-        json.dump({k: record[k] for k in ("protocol", "epochs", "grid", "lr", "at_edge", "results")}, f, indent=1)
+        json.dump({k: record[k] for k in ("protocol", "epochs", "recipe", "grid", "lr", "at_edge", "results")}, f,
+                  indent=1)
         f.write("\n")
     os.replace(tmp, path)
 
@@ -137,14 +143,15 @@ def main(argv: Optional[List[str]] = None) -> int:
         return 0
     if args.epochs < 1:
         parser.error(f"--epochs must be >= 1, got {args.epochs}")
-    record = {"lr": {}, "results": {}, "at_edge": []}
+    record = {"lr": {}, "results": {}, "at_edge": [], "recipe": {}}
     if os.path.exists(args.output):
         with open(args.output, encoding="utf-8") as f:
             record.update(json.load(f))
     data = validation_split()
     started = time.perf_counter()
     for name in args.optimizers:
-        known = {r["lr"]: r for r in record["results"].get(name, [])} if record.get("epochs") == args.epochs else {}
+        same = record.get("epochs") == args.epochs and record["recipe"].get(name) == recipe(name)
+        known = {r["lr"]: r for r in record["results"].get(name, [])} if same else {}
         rows: List[Dict] = []
         grid = list(GRID[name])
         extensions = 0
@@ -165,6 +172,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         if best["lr"] in (grid[0], grid[-1]):
             record["at_edge"].append(name)
         record["epochs"] = args.epochs
+        record["recipe"][name] = recipe(name)
         save(record, args.output, args.epochs)  # after each optimizer: an interrupted run keeps its results
     print(table(record))
     print(f"\n[tune] wrote {args.output} ({time.perf_counter() - started:.0f}s)")
