@@ -23,9 +23,12 @@ COMPARE = os.path.join(LENET, "compare.py")
 ENV = {**os.environ, "PYTHONPATH": ROOT, "GLOG_v": "3"}
 
 sys.path.insert(0, ROOT)
+from model_zoo.lenet import compare as compare_mod  # noqa: E402
+from model_zoo.lenet import train as train_mod  # noqa: E402
+from model_zoo.lenet import tune as tune_mod  # noqa: E402
 from model_zoo.lenet.callbacks import AccuracyMonitor, ProgressMonitor  # noqa: E402
 from model_zoo.lenet.compare import format_table, note  # noqa: E402
-from model_zoo.lenet.train import OPTIMIZERS, TUNED_LR_FILE, tuned_lr  # noqa: E402
+from model_zoo.lenet.train import OPTIMIZERS, THOR_DEFAULTS, TUNED_LR_FILE, thor_recipe, tuned_lr  # noqa: E402
 from model_zoo.lenet.tune import GRID, LADDER, MAX_EXTENSIONS, choose, next_outward  # noqa: E402
 
 
@@ -48,6 +51,14 @@ BAD = [
     (["--optimizer=adam"], "invalid choice: 'adam'"),
     (["--json", "missing_dir/out.json"], "--json: cannot write 'missing_dir/out.json'"),
     (["--checkpoint", "missing_dir/lenet.ckpt"], "--checkpoint: cannot write"),
+    (["--kl-clip=0"], "argument --kl-clip: kl-clip must be 'none' or finite, > 0 and <= 3.40282e+38, got 0"),
+    (["--kl-clip=-1e-3"], "argument --kl-clip: kl-clip must be 'none' or finite, > 0 and <= 3.40282e+38, got -1e-3"),
+    (["--kl-clip=nan"], "argument --kl-clip: kl-clip must be 'none' or finite, > 0 and <= 3.40282e+38, got nan"),
+    (["--kl-clip=inf"], "argument --kl-clip: kl-clip must be 'none' or finite, > 0 and <= 3.40282e+38, got inf"),
+    (["--kl-clip=1e39"], "argument --kl-clip: kl-clip must be 'none' or finite, > 0 and <= 3.40282e+38, got 1e39"),
+    (["--kl-clip=off"], "argument --kl-clip: expected a number > 0 or 'none', got 'off'"),
+    (["--factor-convention=cuda"], "argument --factor-convention: invalid choice: 'cuda'"),
+    (["--factor-convention=ASCEND"], "argument --factor-convention: invalid choice: 'ASCEND'"),
 ]
 
 
@@ -62,6 +73,98 @@ def test_bad_argument_is_one_line_exit_2_nothing_written(tmp_path, args, expect)
     assert lines[0].startswith("train.py: error: ") and expect in lines[0], lines[0]
     assert proc.stdout == ""
     assert _files(str(tmp_path)) == []
+
+
+@pytest.mark.parametrize("args,expect", [
+    (["--kl-clip", "-1"], "argument --kl-clip: kl-clip must be 'none'"),
+    (["--factor-convention", "tpu"], "argument --factor-convention: invalid choice: 'tpu'"),
+])
+def test_compare_bad_thor_flag_is_one_line_exit_2(tmp_path, args, expect):
+    proc = subprocess.run([sys.executable, COMPARE, *args, "--plot", "p.png"], cwd=str(tmp_path), env=ENV,
+                          capture_output=True, text=True, timeout=120)
+    lines = [line for line in proc.stderr.splitlines() if line.strip()]
+    assert proc.returncode == 2 and len(lines) == 1, proc.stderr
+    assert lines[0].startswith("compare.py: error: ") and expect in lines[0] and args[1] in lines[0], lines[0]
+    assert _files(str(tmp_path)) == []
+
+
+@pytest.mark.parametrize("argv,kl_clip,convention", [
+    ([], THOR_DEFAULTS["kl_clip"], THOR_DEFAULTS["factor_convention"]),
+    (["--kl-clip", "1e-3", "--factor-convention", "ascend"], 1e-3, "ascend"),
+    (["--kl-clip=none", "--factor-convention=gpu"], None, "gpu"),
+    (["--kl-clip", " None ", "--factor-convention", "kfc"], None, "kfc"),
+    (["--kl-clip", "0.5", "--factor-convention", "auto"], 0.5, "auto"),
+])
+def test_thor_flags_parse_and_reach_run(monkeypatch, argv, kl_clip, convention):
+    args = train_mod.parse_args(argv)
+    assert args.kl_clip == kl_clip and args.factor_convention == convention
+    seen = {}
+
+    def fake_run(*positional, **keywords):
+        seen.update(keywords)
+        return {"diverged": None, "final_loss": 0.1, "test_accuracy": 0.9, "train_seconds": 1.0,
+                "seconds_to_target": None}
+
+    monkeypatch.setattr(train_mod, "run", fake_run)
+    assert train_mod.main(argv + ["--quiet"]) == 0
+    assert seen["kl_clip"] == kl_clip and seen["factor_convention"] == convention
+
+
+@pytest.mark.parametrize("kl_clip,convention,resolved", [(1e-3, "ascend", "ascend"), (None, "gpu", "gpu"),
+                                                         (0.25, "kfc", "kfc"), (None, "auto", "kfc")])
+def test_thor_flags_reach_the_optimizer(kl_clip, convention, resolved):
+    """make_optimizer hands both knobs to thor(): the optimizer carries them ("auto" is "kfc" on CPU)."""
+    from model_zoo.lenet.lenet import LeNet5
+
+    opt = train_mod.make_optimizer("thor", LeNet5(), 0.1, 12, 32, kl_clip=kl_clip, factor_convention=convention)
+    assert opt.kl_clip == kl_clip and opt.factor_convention == resolved
+
+
+class _Built(Exception):
+    pass
+
+
+def test_run_passes_the_thor_flags_to_make_optimizer(monkeypatch):
+    """run() builds THOR with its kl_clip / factor_convention (stopped before training)."""
+    built = []
+    real = train_mod.make_optimizer
+
+    def spy(*positional, **keywords):
+        built.append(real(*positional, **keywords))
+        raise _Built
+
+    monkeypatch.setattr(train_mod, "make_optimizer", spy)
+    with pytest.raises(_Built):
+        train_mod.run("thor", epochs=1, lr=0.1, quiet=True, kl_clip=2e-3, factor_convention="ascend")
+    assert built[0].kl_clip == 2e-3 and built[0].factor_convention == "ascend"
+
+
+def test_compare_and_tune_train_thor_with_train_pys_recipe(monkeypatch, tmp_path):
+    calls = []
+
+    def fake_run(name, **keywords):
+        calls.append((name, keywords))
+        raise RuntimeError("not training in this test")
+
+    monkeypatch.setattr(compare_mod, "run", fake_run)
+    assert compare_mod.main(["--optimizers", "thor", "momentum", "--quiet", "--plot", str(tmp_path / "p.png")]) == 1
+    assert {k: calls[0][1][k] for k in thor_recipe()} == thor_recipe()
+    assert not set(thor_recipe()) & set(calls[1][1])  # the first-order optimizers get no THOR settings
+    calls.clear()
+    assert compare_mod.main(["--optimizers", "thor", "--kl-clip", "none", "--factor-convention", "gpu", "--quiet",
+                             "--plot", str(tmp_path / "p.png")]) == 1
+    assert calls[0][1]["kl_clip"] is None and calls[0][1]["factor_convention"] == "gpu"
+    assert {k: calls[0][1][k] for k in thor_recipe()} == thor_recipe(kl_clip=None, factor_convention="gpu")
+
+    monkeypatch.setattr(tune_mod, "run", lambda name, **kw: calls.append((name, kw)) or {
+        "test_accuracy": 0.5, "final_loss": 1.0, "diverged": None, "train_seconds": 1.0})
+    calls.clear()
+    tune_mod.measure("thor", 0.1, 1, None)
+    tune_mod.measure("lamb", 0.01, 1, None)
+    assert {k: calls[0][1][k] for k in thor_recipe()} == thor_recipe()
+    assert not set(thor_recipe()) & set(calls[1][1])
+    with open(TUNED_LR_FILE, encoding="utf-8") as f:
+        assert json.load(f)["recipe"]["thor"] == thor_recipe()  # THOR's lr was tuned with today's recipe
 
 
 def test_compare_bad_lr_is_one_line_exit_2(tmp_path):
