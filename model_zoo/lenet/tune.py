@@ -5,8 +5,9 @@ Protocol (one rule for all five optimizers):
     80/20 (stratified, seed 0) into a tuning-train set and a validation set; the quickstart's test
     set is never looked at;
   * budget: 3 epochs at batch 32, seed 1 (shorter than the quickstart's 5 epochs, to keep the search
-    cheap: an lr that learns within 3 epochs learns within 5), the recipe of ``train.py`` (THOR with
-    its polynomial lr decay over the run, damping 0.01, frequency 20, clipping);
+    cheap: an lr that learns within 3 epochs learns within 5), the recipe of ``train.py``
+    (``THOR_DEFAULTS``: THOR with its polynomial lr decay over the run, damping 0.01, frequency 20,
+    per-tensor clipping, no KL clipping, factor convention "auto"; recorded as ``recipe`` in the JSON);
   * grid: half-decade steps (1, 3, 10, 30, ... x 10^k); each optimizer family gets a window of three
     points of it around its natural scale: Momentum around 0.03; ASGD around 0.3 (plain SGD steps
     without momentum, so about 1/(1-0.9) = 10x Momentum's); Lamb around 0.01 (a trust-ratio step of
