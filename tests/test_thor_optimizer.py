@@ -11,6 +11,7 @@ schedule, and the clear error past the end of the learning-rate/damping Tensors.
 import numpy as np
 import pytest
 from mindspore import Tensor, nn, ops
+from reference.thor_factors import stored_form
 from reference.thor_ref import ConvRef, EmbedRef, MLPRef, ThorReference, block_inverse
 from thor_nets import MLP  # shared with the fault tests
 
@@ -290,7 +291,8 @@ def test_preconditioner_blocks_match_numpy(mode, rng, block_size):
     grad = rng.standard_normal((n_g, n_a))
     lam = 0.3
     la, lg = pc.BlockLayout(n_a, block_size), pc.BlockLayout(n_g, block_size)
-    ia, ig, ok, pre = _Blocks(la, lg)(Tensor(a.astype(np.float32)), Tensor(g.astype(np.float32)),
+    ia, ig, ok, pre = _Blocks(la, lg)(Tensor(stored_form(a, block_size).astype(np.float32)),
+                                     Tensor(stored_form(g, block_size).astype(np.float32)),
                                      Tensor(grad.astype(np.float32)), Tensor(np.float32(lam)))
     assert bool(ok.asnumpy())
     bs = n_a if block_size is None else block_size

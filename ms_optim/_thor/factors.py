@@ -40,6 +40,19 @@ pre-activation outputs, ``d = dL/ds`` the gradient reaching ``s`` in the backwar
                                            not counted; padding_idx is counted like any id)
       G = N * d^T d                       (embedding_size square; d are the N gradient rows)
 
+Storage: the diagonal blocks only. Blocked THOR (``inverse="blocked"``, the default) reads only the
+diagonal blocks of A and G, so a factor of size ``n`` with a block width ``bs < n`` is computed and
+stored as those blocks, ``(nblocks, bs, bs)`` with ``nblocks = ceil(n / bs)`` (the last block
+zero-padded past ``n``), never as the ``n x n`` matrix; with ``n <= bs`` (or ``block_size=None``, the
+whole matrix: ``inverse="full"``) it is the ``(n, n)`` matrix itself (:func:`factor_blocks`,
+:func:`stored_shape`). For a conv this is the difference that matters: a 3x3 conv with 512 input
+channels has ``n = 4608`` and its A is 85 MB, its 36 diagonal blocks of 128 are 2.4 MB and cost 36
+times fewer flops. The conv factors are formed without a transpose of the patch matrix: with the
+patches laid out as ``(B, n, T)`` (channel-major, as the input is), each block is a batched
+``p_b p_b^T`` summed over the batch (MindSpore's CPU ``Transpose`` kernel allocates an index table
+1.8 times the size of its input when the graph is compiled, which made a ResNet-50 graph's
+compilation grow with the batch and the image).
+
 Factors are always computed in float32, also when the layer runs in float16 (amp O2/O3). G is
 computed from the gradient *as it reaches the layer*: under a loss scale ``S`` it is ``S**2`` times
 the formula above (the optimizer divides it out). A factor that comes out non-finite (a loss-scale
@@ -57,7 +70,7 @@ would cast the inputs of *every* op of a float16 cell).
 """
 from __future__ import annotations
 
-from typing import Tuple
+from typing import Optional, Tuple
 
 import mindspore.common.dtype as mstype
 import numpy as np
@@ -66,6 +79,10 @@ from mindspore import Tensor, nn, ops
 from ms_optim._thor.conventions import FactorConvention
 
 __all__ = [
+    "factor_blocks",
+    "stored_shape",
+    "diagonal_blocks",
+    "batch_gram",
     "conv_output_geometry",
     "row_gram",
     "dense_a",
@@ -82,6 +99,10 @@ __all__ = [
 
 _F32 = mstype.float32
 _GRAM = ops.MatMul(transpose_a=True)
+_BATCH_GRAM = ops.BatchMatMul(transpose_b=True)
+
+#: Largest ``(chunk, n, n)`` intermediate (in float32 values) of a whole-matrix ``batch_gram``.
+_CHUNK_VALUES = 1 << 24
 
 Pair = Tuple[int, int]
 
@@ -121,6 +142,64 @@ def conv_output_geometry(height: int, width: int, kernel_size: Pair, stride: Pai
     return pads[0], pads[1], pads[2], pads[3], out_h, out_w
 
 
+def factor_blocks(n: int, block_size: Optional[int]) -> Tuple[int, int]:
+    """``(nblocks, bs)`` of a factor of size ``n``: ``bs = min(block_size, n)``, ``nblocks = ceil(n / bs)``;
+    ``block_size=None`` is the whole matrix, ``(1, n)``."""
+    bs = int(n) if block_size is None else min(int(block_size), int(n))
+    return -(-int(n) // bs), bs
+
+
+def stored_shape(n: int, block_size: Optional[int]) -> Tuple[int, ...]:
+    """Shape a factor of size ``n`` is stored in: ``(n, n)`` if it is one block, else ``(nblocks, bs, bs)``."""
+    nblocks, bs = factor_blocks(n, block_size)
+    return (int(n), int(n)) if nblocks == 1 else (nblocks, bs, bs)
+
+
+def diagonal_blocks(full, block_size: Optional[int]):
+    """The stored form (:func:`stored_shape`) of an ``(n, n)`` matrix: itself, or its diagonal blocks.
+
+    No per-block slicing: the matrix is zero-padded to ``P = nblocks * bs``, flattened and padded by
+    ``nblocks * bs`` values, so that row ``k`` of its ``(nblocks, bs * (P + 1))`` view starts at entry
+    ``(k bs, k bs)``; the first ``bs`` columns of the first ``bs`` rows of length ``P`` are block ``k``.
+    """
+    n = full.shape[0]
+    nblocks, bs = factor_blocks(n, block_size)
+    if nblocks == 1:
+        return full
+    padded = nblocks * bs
+    if padded > n:
+        full = ops.pad(full, (0, padded - n, 0, padded - n))
+    flat = ops.pad(ops.reshape(full, (-1,)), (0, padded))
+    rows = ops.reshape(flat, (nblocks, bs * (padded + 1)))[:, :bs * padded]
+    return ops.reshape(rows, (nblocks, bs, padded))[:, :, :bs]
+
+
+def batch_gram(columns, factor, block_size: Optional[int]):
+    """Stored form of ``factor * sum_b c_b c_b^T`` for ``columns`` of shape ``(B, n, T)`` (float32).
+
+    Blocked (``n > bs``): ``n`` is zero-padded to ``nblocks * bs``, viewed as ``(B * nblocks, bs, T)``,
+    one batched ``c c^T`` and a sum over ``B``. Whole (one block): the batch in chunks whose
+    ``(chunk, n, n)`` products stay under ``_CHUNK_VALUES`` values.
+    """
+    columns = ops.cast(columns, _F32)
+    batch, n, positions = columns.shape
+    nblocks, bs = factor_blocks(n, block_size)
+    if nblocks == 1:
+        chunk = max(1, min(batch, _CHUNK_VALUES // (n * n)))
+        total = None
+        for start in range(0, batch, chunk):
+            part = columns[start:start + chunk] if chunk < batch else columns
+            part = ops.reduce_sum(_BATCH_GRAM(part, part), 0)
+            total = part if total is None else total + part
+        return _scale(total, factor)
+    padded = nblocks * bs
+    if padded > n:
+        columns = ops.pad(columns, (0, 0, 0, padded - n))
+    columns = ops.reshape(columns, (batch * nblocks, bs, positions))
+    blocks = ops.reshape(_BATCH_GRAM(columns, columns), (batch, nblocks, bs, bs))
+    return _scale(ops.reduce_sum(blocks, 0), factor)
+
+
 # --------------------------------------------------------------------------- per-kind math
 def _scale(value, factor):
     """``value * factor`` for a Python number ``factor``, through a Tensor (see ``ms_optim._bridge``)."""
@@ -133,18 +212,19 @@ def row_gram(rows, factor):
     return _scale(_GRAM(rows, rows), factor)
 
 
-def dense_a(x):
-    """Dense A from the ``(N, in)`` input rows: ``a^T a / N``."""
-    return row_gram(x, 1.0 / x.shape[0])
+def dense_a(x, block_size: Optional[int] = None):
+    """Dense A from the ``(N, in)`` input rows: ``a^T a / N`` (stored form, :func:`stored_shape`)."""
+    return diagonal_blocks(row_gram(x, 1.0 / x.shape[0]), block_size)
 
 
-def dense_g(ds):
-    """Dense (and embedding) G from the ``(N, out)`` rows of dL/ds: ``N d^T d``."""
-    return row_gram(ds, ds.shape[0])
+def dense_g(ds, block_size: Optional[int] = None):
+    """Dense (and embedding) G from the ``(N, out)`` rows of dL/ds: ``N d^T d`` (stored form)."""
+    return diagonal_blocks(row_gram(ds, ds.shape[0]), block_size)
 
 
 def conv_patches(x, kernel_size: Pair, stride: Pair, dilation: Pair, pad_mode: str, padding):
-    """im2col of an NCHW input: ``(B*Ho*Wo, C*kh*kw)`` float32, column ``c*kh*kw + i*kw + j``."""
+    """im2col of an NCHW input, channel-major: ``(B, C*kh*kw, Ho*Wo)`` float32, row ``c*kh*kw + i*kw + j``
+    (a 1x1 kernel with stride 1 and no padding is the input itself, reshaped)."""
     x = ops.cast(x, _F32)
     batch, channels, height, width = x.shape
     kh, kw = kernel_size
@@ -154,6 +234,10 @@ def conv_patches(x, kernel_size: Pair, stride: Pair, dilation: Pair, pad_mode: s
                                                                   pad_mode, padding)
     if top + bottom + left + right > 0:
         x = ops.pad(x, (left, right, top, bottom))
+    if kh * kw == 1:
+        if (sh, sw) != (1, 1) or (x.shape[2], x.shape[3]) != (out_h, out_w):
+            x = x[:, :, 0:(out_h - 1) * sh + 1:sh, 0:(out_w - 1) * sw + 1:sw]
+        return ops.reshape(x, (batch, channels, out_h * out_w))
     cols = []
     for i in range(kh):
         for j in range(kw):
@@ -161,22 +245,20 @@ def conv_patches(x, kernel_size: Pair, stride: Pair, dilation: Pair, pad_mode: s
             c0 = j * dw
             cols.append(x[:, :, r0:r0 + (out_h - 1) * sh + 1:sh, c0:c0 + (out_w - 1) * sw + 1:sw])
     patches = ops.stack(cols, 2)  # (B, C, kh*kw, Ho, Wo)
-    patches = ops.reshape(patches, (batch, channels * kh * kw, out_h * out_w))
-    patches = ops.transpose(patches, (0, 2, 1))
-    return ops.reshape(patches, (batch * out_h * out_w, channels * kh * kw))
+    return ops.reshape(patches, (batch, channels * kh * kw, out_h * out_w))
 
 
-def conv_a(x, kernel_size: Pair, stride: Pair, dilation: Pair, pad_mode: str, padding):
-    """Conv A from the NCHW input and the conv geometry: ``sum p p^T / (B*T)`` over the patches."""
+def conv_a(x, kernel_size: Pair, stride: Pair, dilation: Pair, pad_mode: str, padding,
+           block_size: Optional[int] = None):
+    """Conv A from the NCHW input and the conv geometry: ``sum p p^T / (B*T)`` over the patches (stored form)."""
     patches = conv_patches(x, kernel_size, stride, dilation, pad_mode, padding)
-    return row_gram(patches, 1.0 / patches.shape[0])
+    return batch_gram(patches, 1.0 / (patches.shape[0] * patches.shape[2]), block_size)
 
 
-def conv_g(ds):
-    """Conv G from the NCHW dL/ds ``(B, C_out, Ho, Wo)``: ``B * sum d d^T`` over batch and positions."""
+def conv_g(ds, block_size: Optional[int] = None):
+    """Conv G from the NCHW dL/ds ``(B, C_out, Ho, Wo)``: ``B * sum d d^T`` over batch and positions (stored form)."""
     batch, channels = ds.shape[0], ds.shape[1]
-    rows = ops.reshape(ops.transpose(ds, (0, 2, 3, 1)), (-1, channels))
-    return row_gram(rows, batch)
+    return batch_gram(ops.reshape(ds, (batch, channels, -1)), batch, block_size)
 
 
 def embedding_a(flat_ids, vocab_size: int, limit):
@@ -210,6 +292,7 @@ class _FactorTap(nn.Cell):
     def __init__(self):
         super().__init__()
         self.convention = FactorConvention()
+        self.block_size = None  # the layer's factor block width (``ThorLayer.set_factor_block_size``)
 
     def add_flags_recursive(self, **flags):
         """Ignore amp's precision flags (``to_float``): the tap casts to float32 itself, and a float16
@@ -243,10 +326,12 @@ class DenseTap(_FactorTap):
     """Tap of a Dense layer: :func:`dense_a`, :func:`dense_g`."""
 
     def _a_value(self, x):
-        return self.convention.apply(dense_a(x), self.convention.dense_scales(x.shape[0], x.shape[1])[0])
+        return self.convention.apply(dense_a(x, self.block_size),
+                                     self.convention.dense_scales(x.shape[0], x.shape[1])[0])
 
     def _g_value(self, ds):
-        return self.convention.apply(dense_g(ds), self.convention.dense_scales(ds.shape[0], ds.shape[1])[1])
+        return self.convention.apply(dense_g(ds, self.block_size),
+                                     self.convention.dense_scales(ds.shape[0], ds.shape[1])[1])
 
 
 class ConvTap(_FactorTap):
@@ -265,12 +350,12 @@ class ConvTap(_FactorTap):
                                         self.pad_mode, self.padding)
         scale = self.convention.conv_scales(x.shape[0], geometry[4] * geometry[5])[0]
         a = conv_a(self.convention.conv_input(x), self.kernel_size, self.stride, self.dilation, self.pad_mode,
-                   self.padding)
+                   self.padding, self.block_size)
         return self.convention.apply(a, scale)
 
     def _g_value(self, ds):
         scale = self.convention.conv_scales(ds.shape[0], ds.shape[2] * ds.shape[3])[1]
-        return self.convention.apply(conv_g(self.convention.conv_grad(ds)), scale)
+        return self.convention.apply(conv_g(self.convention.conv_grad(ds), self.block_size), scale)
 
 
 class EmbeddingTap(_FactorTap):
@@ -286,4 +371,4 @@ class EmbeddingTap(_FactorTap):
                                      self.convention.embedding_scales(x.shape[0])[0])
 
     def _g_value(self, ds):
-        return self.convention.apply(embedding_g(ds), self.convention.embedding_scales(ds.shape[0])[1])
+        return self.convention.apply(embedding_g(ds, self.block_size), self.convention.embedding_scales(ds.shape[0])[1])

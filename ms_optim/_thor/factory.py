@@ -245,6 +245,8 @@ def thor(net, learning_rate, damping, momentum, weight_decay=0.0, loss_scale=1.0
     ConvertNetUtils().convert_to_thor_net(net)
     layers = [cell for _, cell in thor_candidates(net)]  # the same rule the validation counted with
     apply_factor_convention(layers, convention, int(batch_size))
+    for layer in layers:  # the layers store exactly the blocks the optimizer inverts
+        layer.set_factor_block_size(int(block_size) if inverse == "blocked" else None)
     return ThorOptimizer(net, layers, learning_rate, damping, float(momentum), float(weight_decay), float(loss_scale),
                          int(batch_size), bool(use_nesterov), decay_filter,
                          list(split_indices) if split_indices is not None else None, bool(enable_clip_grad),

@@ -7,19 +7,15 @@ Every layer here computes exactly the output of the plain MindSpore layer built 
 arguments (same Parameters: ``weight``/``bias``/``embedding_table``, same ops), and in addition owns
 three non-trainable Parameters:
 
-* ``matrix_a_cov`` (float32): the input factor A of the last THOR step;
-* ``matrix_g_cov`` (float32): the output-gradient factor G of the last THOR step, carrying the
-  square of the loss scale of that backward pass (the optimizer divides it out);
+* ``matrix_a_cov`` / ``matrix_g_cov`` (float32): the factors A and G of the last THOR step (G carries
+  the square of that backward pass's loss scale), whole or as diagonal blocks (``ThorLayer``);
 * ``thor_flag`` (bool scalar): while True *and* the cell is in training mode (``cell.training``,
   True from construction for THOR layers), the backward pass computes A and G (see
   ``ms_optim._thor`` for who writes the flag). Otherwise no factor work is done.
 
-Setting ``thor_flag`` (or the factors) from Python after a graph was compiled: use ``ops.assign``
-(in place). MindSpore 2.10 graphs do not see ``Parameter.set_data`` made after compilation for
-Parameters they write.
-
-Unsupported here (left as plain first-order layers by the converter): grouped or depthwise
-convolutions (``group > 1``) and ``data_format='NHWC'`` convolutions.
+After a graph was compiled, write ``thor_flag`` or the factors with ``ops.assign`` (MindSpore 2.10
+graphs do not see ``Parameter.set_data`` on Parameters they write). Not converted: grouped or
+depthwise convolutions and ``data_format='NHWC'``.
 """
 from __future__ import annotations
 
@@ -31,10 +27,13 @@ from mindspore import Parameter, Tensor, nn, ops
 
 from ms_optim._bridge import prime_numpy_bridge
 from ms_optim._thor import layer_args
-from ms_optim._thor.factors import ConvTap, DenseTap, EmbeddingTap
+from ms_optim._thor.factors import ConvTap, DenseTap, EmbeddingTap, stored_shape
 from ms_optim._validation import describe
 
-__all__ = ["ThorLayer", "DenseThor", "Conv2dThor", "EmbeddingThor"]
+__all__ = ["ThorLayer", "DenseThor", "Conv2dThor", "EmbeddingThor", "DEFAULT_BLOCK_SIZE"]
+
+#: Factor block width of a THOR layer until ``thor()`` sets its own (``thor``'s default ``block_size``).
+DEFAULT_BLOCK_SIZE = 128
 
 
 class ThorLayer(nn.Cell):
@@ -46,10 +45,14 @@ class ThorLayer(nn.Cell):
     * ``weight_param()``: the Parameter whose gradient is preconditioned (``weight`` or
       ``embedding_table``; conv weights are ``(C_out, C_in, kh, kw)``, A's index is ``c*kh*kw + i*kw + j``,
       i.e. ``weight.reshape(C_out, -1)``);
-    * ``matrix_a_cov``: float32 Parameter, ``(a_dim, a_dim)`` for dense and conv, ``(a_dim,)`` for
-      embedding (the diagonal of A); zeros until the first THOR step;
-    * ``matrix_g_cov``: float32 Parameter ``(g_dim, g_dim)``; zeros until the first THOR step;
-      ``loss_scale**2`` times the formula (see ``ms_optim._thor.factors``; both factors in the
+    * ``factor_block_size``: the block width the factors are stored in (None: whole matrices);
+      ``thor()`` sets it to its ``block_size`` (None for ``inverse="full"``); default 128;
+    * ``matrix_a_cov``: float32 Parameter, ``stored_shape(a_dim, factor_block_size)`` for dense and conv
+      (``(a_dim, a_dim)`` if ``a_dim <= factor_block_size``, else the ``(nblocks, bs, bs)`` diagonal
+      blocks, the last zero-padded), ``(a_dim,)`` for embedding (the diagonal of A); zeros until the
+      first THOR step;
+    * ``matrix_g_cov``: float32 Parameter, ``stored_shape(g_dim, factor_block_size)``; zeros until the
+      first THOR step; ``loss_scale**2`` times the formula (see ``ms_optim._thor.factors``; both factors in the
       normalisation of the tap's convention, KFC unless ``thor(..., factor_convention=...)`` set one);
     * ``thor_flag``: bool scalar Parameter, initially True (step 0 is a THOR step);
     * ``a_dim`` / ``g_dim``: ints, the sizes of A and G.
@@ -66,20 +69,45 @@ class ThorLayer(nn.Cell):
     _plain_type: type = nn.Cell
 
     def _init_thor_state(self, a_shape: Tuple[int, ...], g_dim: int, name_prefix: str, tap: nn.Cell) -> None:
-        """Create the factor Parameters (zeros), the flag (True) and the factor tap."""
+        """Create the factor Parameters (zeros, stored in blocks of ``DEFAULT_BLOCK_SIZE``), the flag (True)
+        and the factor tap."""
         prime_numpy_bridge()
         self.a_dim = int(a_shape[0])
         self.g_dim = int(g_dim)
-        self.matrix_a_cov = Parameter(Tensor(np.zeros(a_shape, np.float32)), name=name_prefix + "matrix_a_cov",
+        self.a_is_diagonal = len(a_shape) == 1
+        self.factor_tap = tap
+        self.factor_block_size = DEFAULT_BLOCK_SIZE
+        tap.block_size = DEFAULT_BLOCK_SIZE
+        self.matrix_a_cov = Parameter(Tensor(np.zeros(self._a_shape(), np.float32)), name=name_prefix + "matrix_a_cov",
                                       requires_grad=False)
-        self.matrix_g_cov = Parameter(Tensor(np.zeros((g_dim, g_dim), np.float32)),
+        self.matrix_g_cov = Parameter(Tensor(np.zeros(stored_shape(self.g_dim, DEFAULT_BLOCK_SIZE), np.float32)),
                                       name=name_prefix + "matrix_g_cov", requires_grad=False)
         self.thor_flag = Parameter(Tensor(np.array(True)), name=name_prefix + "thor_flag", requires_grad=False)
-        self.factor_tap = tap
         # THOR layers start in training mode (a plain Cell starts in inference mode), so a bare
         # TrainOneStepCell that never calls set_train() still collects factors instead of silently
         # preconditioning with damping alone; set_train(False) (Model.eval does) turns the tap off.
         self.set_train(True)
+
+    def _a_shape(self) -> Tuple[int, ...]:
+        if self.a_is_diagonal:
+            return (self.a_dim,)
+        return stored_shape(self.a_dim, self.factor_block_size)
+
+    def set_factor_block_size(self, block_size: Optional[int]) -> None:
+        """Store (and compute) the factors in diagonal blocks of width ``block_size`` (None: whole).
+
+        ``thor()`` calls it (``inverse="full"``: None) before anything is compiled. A change replaces
+        ``matrix_a_cov``/``matrix_g_cov`` by zeros of the new shape, same names.
+        """
+        block_size = None if block_size is None else int(block_size)
+        if block_size == self.factor_block_size:
+            return
+        self.factor_block_size = block_size
+        self.factor_tap.block_size = block_size
+        a_name, g_name = self.matrix_a_cov.name, self.matrix_g_cov.name
+        self.matrix_a_cov = Parameter(Tensor(np.zeros(self._a_shape(), np.float32)), name=a_name, requires_grad=False)
+        self.matrix_g_cov = Parameter(Tensor(np.zeros(stored_shape(self.g_dim, block_size), np.float32)), name=g_name,
+                                      requires_grad=False)
 
     def _tap(self, s, x):
         """In training mode, route ``s`` through the factor tap (dtype of ``s`` kept under amp)."""

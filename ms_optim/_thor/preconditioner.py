@@ -7,7 +7,8 @@ PYNATIVE_MODE and GRAPH_MODE. Shapes are Python constants fixed when the optimiz
 
 Blocked inverses (the default, as MindSpore does on GPU and Ascend). A factor ``F`` of size ``n x n``
 is split along its diagonal into ``nblocks = ceil(n / bs)`` blocks of width ``bs`` (the last one
-``n - (nblocks - 1) * bs`` wide); off-diagonal blocks are ignored. For damping ``d`` and
+``n - (nblocks - 1) * bs`` wide); off-diagonal blocks are ignored (the layers never compute them:
+they store a factor as its diagonal blocks, ``factors.stored_shape``). For damping ``d`` and
 ``lam = sqrt(d)``, each block ``F_k`` is replaced by ``(F_k + lam I)^-1``. The result is stored as one
 ``(nblocks, bs, bs)`` tensor; the last block is padded with the identity (its padding is never read
 by the products, whose padded inputs are zero). With ``n <= bs`` (or ``inverse="full"``) there is one
@@ -102,23 +103,14 @@ def identity_blocks(layout: BlockLayout) -> np.ndarray:
 def damped_blocks(factor, lam, n: int, nblocks: int, bs: int, eye, pad_eye):
     """Diagonal blocks of ``factor + lam I`` as ``(nblocks, bs, bs)``; padding is the identity.
 
-    ``factor``: ``(n, n)`` float32; ``lam``: scalar float32 tensor (``sqrt(damping)``). Only the
-    diagonal blocks are read (``nblocks * bs * bs`` values, not ``n * n``).
+    ``factor``: float32, in the layers' stored form (``factors.stored_shape``): ``(n, n)`` when it is one
+    block, else its ``(nblocks, bs, bs)`` diagonal blocks, zero-padded past ``n``; ``lam``: scalar
+    float32 tensor (``sqrt(damping)``).
     """
     factor = ops.cast(factor, mstype.float32)
     if nblocks == 1:
-        blocks = ops.reshape(factor, (1, n, n))
-    else:
-        parts = ()
-        for k in range(nblocks):
-            start = k * bs
-            stop = min(start + bs, n)
-            block = factor[start:stop, start:stop]
-            if stop - start < bs:
-                block = ops.pad(block, (0, bs - (stop - start), 0, bs - (stop - start)))
-            parts = parts + (block,)
-        blocks = ops.stack(parts)
-    return blocks + lam * eye + pad_eye
+        factor = ops.reshape(factor, (1, n, n))
+    return factor + lam * eye + pad_eye
 
 
 def invert_blocks(blocks):

@@ -14,6 +14,7 @@ import numpy as np
 from mindspore import Parameter, Tensor, nn, ops
 
 from ms_optim._thor import preconditioner as pc
+from ms_optim._thor.factors import stored_shape
 from ms_optim._thor.layers import ThorLayer
 
 __all__ = ["LayerSlot", "invert_layer"]
@@ -55,6 +56,12 @@ class LayerSlot(nn.Cell):
             self.a_pad_eye = self.a_layout.pad_eye
             a_inv = pc.identity_blocks(self.a_layout)
         self.a_inv = Parameter(Tensor(a_inv), name=f"matrix_a_inv_blocks_{index}", requires_grad=False)
+        a_want = (int(layer.a_dim),) if self.is_embedding else stored_shape(int(layer.a_dim), block_size)
+        if (tuple(layer.matrix_a_cov.shape), tuple(layer.matrix_g_cov.shape)) != (a_want, stored_shape(layer.g_dim,
+                                                                                                          block_size)):
+            raise ValueError(f"THOR layer {index} stores its factors as {tuple(layer.matrix_a_cov.shape)} and "
+                             f"{tuple(layer.matrix_g_cov.shape)}, but the optimizer inverts blocks of {block_size}: "
+                             f"call layer.set_factor_block_size({block_size}) (thor() does).")
 
 
 def invert_layer(slot: LayerSlot, a_factor, g_factor, lam):

@@ -104,9 +104,16 @@ def check_trace_thresholds(value, cls_name: str = "thor") -> Optional[Tuple[floa
 
 
 def _trace(factor, diagonal: bool):
-    """``||F||_tr`` as a float32 scalar: the sum of the diagonal (of the entries of a diagonal factor)."""
+    """``||F||_tr`` as a float32 scalar: the sum of the diagonal (of the entries of a diagonal factor; of
+    every block's diagonal for a factor stored as ``(nblocks, bs, bs)`` diagonal blocks, whose zero
+    padding adds nothing)."""
     factor = ops.cast(factor, mstype.float32)
-    return ops.reduce_sum(factor) if diagonal else ops.trace(factor)
+    if diagonal:
+        return ops.reduce_sum(factor)
+    if factor.ndim == 2:
+        return ops.trace(factor)
+    nblocks, bs = factor.shape[0], factor.shape[1]
+    return ops.reduce_sum(ops.reshape(factor, (nblocks, bs * bs))[:, ::bs + 1])
 
 
 class TraceSchedule(nn.Cell):

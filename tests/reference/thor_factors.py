@@ -16,6 +16,10 @@ layer's inputs, ``s`` its pre-activation outputs, ``d = dL/ds``.
 
       A = counts / N   (vocab_size vector: the diagonal of A),      G = N * d^T d
 
+Storage (``stored_form``): a layer keeps a factor of size n whole when ``n <= block_size`` (or
+``block_size`` is None), else only its ``ceil(n / bs)`` diagonal blocks of width ``bs``, the last one
+zero-padded to ``bs x bs``.
+
 G is computed from the gradient that reaches the layer; under a static loss scale S that gradient
 is S times larger and so G is S**2 times the formula (callers divide by S**2).
 """
@@ -36,6 +40,7 @@ __all__ = [
     "dense_factors",
     "conv_factors",
     "embedding_factors",
+    "stored_form",
 ]
 
 IntPair = Union[int, Sequence[int]]
@@ -175,3 +180,19 @@ def embedding_factors(ids: np.ndarray, d: np.ndarray, vocab_size: int) -> Tuple[
     counts = np.bincount(valid, minlength=vocab_size).astype(np.float64)
     d = np.asarray(d, np.float64).reshape(n, -1)
     return counts / n, n * (d.T @ d)
+
+
+def stored_form(full: np.ndarray, block_size=128) -> np.ndarray:
+    """The form a THOR layer stores an ``(n, n)`` factor in: ``full`` itself if ``n <= block_size`` (or
+    ``block_size`` is None), else the ``(nblocks, bs, bs)`` diagonal blocks, the last zero-padded."""
+    full = np.asarray(full)
+    n = full.shape[0]
+    if block_size is None or n <= block_size:
+        return full
+    bs = int(block_size)
+    nblocks = -(-n // bs)
+    out = np.zeros((nblocks, bs, bs), full.dtype)
+    for k in range(nblocks):
+        part = full[k * bs:(k + 1) * bs, k * bs:(k + 1) * bs]
+        out[k, :part.shape[0], :part.shape[1]] = part
+    return out
