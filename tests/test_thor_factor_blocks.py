@@ -47,14 +47,6 @@ def test_block_helpers_match_numpy(mode, rng, n, block_size):
     np.testing.assert_allclose(float(trace.asnumpy()), np.trace(full), rtol=RTOL)
 
 
-def test_whole_batch_gram_in_chunks_equals_one_product(mode, rng, monkeypatch):
-    """A whole factor whose (B, n, n) product would be too large is summed over batch chunks: same value."""
-    monkeypatch.setattr(factors, "_CHUNK_VALUES", 2 * 5 * 5)  # chunks of 2 samples, the last one of 1
-    columns = rng.standard_normal((5, 5, 4))
-    _, gram, _ = _Helpers(None)(Tensor(np.eye(5, dtype=np.float32)), Tensor(columns.astype(np.float32)))
-    np.testing.assert_allclose(gram.asnumpy(), 0.5 * np.einsum("bit,bjt->ij", columns, columns), rtol=RTOL, atol=1e-5)
-
-
 def test_blocked_factors_and_trajectory_match_reference(mode, rng):
     """block_size 5: conv A (18 wide: blocks 5, 5, 5, 3 padded) and fc A (80 wide: 16 blocks) are stored as
     diagonal blocks, equal to the reference's factors in that form, and five THOR steps follow the
