@@ -56,9 +56,9 @@ class LayerSlot(nn.Cell):
             self.a_pad_eye = self.a_layout.pad_eye
             a_inv = pc.identity_blocks(self.a_layout)
         self.a_inv = Parameter(Tensor(a_inv), name=f"matrix_a_inv_blocks_{index}", requires_grad=False)
-        a_want = (int(layer.a_dim),) if self.is_embedding else stored_shape(int(layer.a_dim), block_size)
-        if (tuple(layer.matrix_a_cov.shape), tuple(layer.matrix_g_cov.shape)) != (a_want, stored_shape(layer.g_dim,
-                                                                                                          block_size)):
+        want = ((int(layer.a_dim),) if self.is_embedding else stored_shape(layer.a_dim, block_size),
+                stored_shape(layer.g_dim, block_size))
+        if (tuple(layer.matrix_a_cov.shape), tuple(layer.matrix_g_cov.shape)) != want:
             raise ValueError(f"THOR layer {index} stores its factors as {tuple(layer.matrix_a_cov.shape)} and "
                              f"{tuple(layer.matrix_g_cov.shape)}, but the optimizer inverts blocks of {block_size}: "
                              f"call layer.set_factor_block_size({block_size}) (thor() does).")
