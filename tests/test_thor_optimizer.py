@@ -309,6 +309,23 @@ def test_preconditioner_blocks_match_numpy(mode, rng, block_size):
     np.testing.assert_allclose(pre.asnumpy(), want, rtol=RTOL, atol=ATOL)
 
 
+class _KeepIf(nn.Cell):
+    def construct(self, new, old):
+        return pc.keep_if(ops.all(ops.isfinite(new)), new, old)
+
+
+@pytest.mark.parametrize("shape", [(3, 4, 4), (5,), (6, 2)])
+def test_keep_if_takes_the_whole_new_tensor_or_keeps_the_old(mode, rng, shape):
+    """keep_if (the select behind every "store only if finite" rule): a finite new value is taken
+    exactly, one non-finite entry keeps the whole old value."""
+    new = rng.standard_normal(shape).astype(np.float32)
+    old = rng.standard_normal(shape).astype(np.float32)
+    np.testing.assert_array_equal(_KeepIf()(Tensor(new), Tensor(old)).asnumpy(), new)
+    bad = new.copy()
+    bad.reshape(-1)[-1] = np.inf
+    np.testing.assert_array_equal(_KeepIf()(Tensor(bad), Tensor(old)).asnumpy(), old)
+
+
 def test_preconditioner_rejects_singular_and_nonfinite(mode):
     """damping 0 with a singular factor, or a NaN factor: the inverse is rejected (never NaN)."""
     layout = pc.BlockLayout(4, None)

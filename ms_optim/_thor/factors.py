@@ -77,6 +77,7 @@ import numpy as np
 from mindspore import Tensor, nn, ops
 
 from ms_optim._thor.conventions import FactorConvention
+from ms_optim._thor.preconditioner import keep_if
 
 __all__ = [
     "factor_blocks",
@@ -304,9 +305,9 @@ class _FactorTap(nn.Cell):
     def bprop(self, s, x, flag, a_cov, g_cov, out, dout):
         if flag:
             a_new = self._a_value(x)
-            a_new = ops.select(ops.isfinite(a_new).all(), a_new, a_cov)
+            a_new = keep_if(ops.isfinite(a_new).all(), a_new, a_cov)
             g_new = self._g_value(dout)
-            g_new = ops.select(ops.isfinite(g_new).all(), g_new, g_cov)
+            g_new = keep_if(ops.isfinite(g_new).all(), g_new, g_cov)
             dout = ops.depend(dout, ops.assign(a_cov, a_new))
             dout = ops.depend(dout, ops.assign(g_cov, g_new))
         # under amp the custom bprop sees the un-cast input s: hand its gradient back in s's dtype

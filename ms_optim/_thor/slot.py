@@ -80,5 +80,5 @@ def invert_layer(slot: LayerSlot, a_factor, g_factor, lam):
     blocks = pc.damped_blocks(g_factor, lam, geom[0], geom[1], geom[2], slot.g_eye, slot.g_pad_eye)
     new_g = pc.invert_blocks(blocks)
     ok_g = pc.accept_inverse(blocks, new_g, slot.g_eye)
-    return ops.select(ok_a, new_a, slot.a_inv), ops.select(ok_g, new_g, slot.g_inv)
+    return pc.keep_if(ok_a, new_a, slot.a_inv), pc.keep_if(ok_g, new_g, slot.g_inv)
 
