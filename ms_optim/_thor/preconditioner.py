@@ -1,7 +1,7 @@
 """THOR's preconditioner: damping, (blocked) damped inverses and the ``G^-1 dW A^-1`` products.
 
 Pure functions of tensors, built only from ``mindspore.ops`` that have CPU, GPU and Ascend kernels
-(``MatrixInverse``, ``BatchMatMul``/``MatMul``, slicing, ``Stack``, ``Pad``), so they run unchanged in
+(``MatrixInverse``, ``BatchMatMul``/``MatMul``, slicing, ``Stack``, ``Pad``, ``permute``), so they run unchanged in
 PYNATIVE_MODE and GRAPH_MODE. Shapes are Python constants fixed when the optimizer is built
 (:class:`BlockLayout`), so GRAPH_MODE sees only static shapes.
 
@@ -18,7 +18,9 @@ Products (``P = nblocks * bs``):
 
 * left, ``G^-1 X`` for ``X`` of shape ``(n, k)``: pad ``X`` to ``(P, k)``, view it as
   ``(nblocks, bs, k)``, one batched matmul with the inverse blocks, drop the padding;
-* right, ``X A^-1`` for ``X`` of shape ``(k, n)``: the same on ``(nblocks, k, bs)`` after a transpose.
+* right, ``X A^-1`` for ``X`` of shape ``(k, n)``: the same on ``(nblocks, k, bs)`` after a transpose
+  (``mint.permute``: MindSpore's CPU ``Transpose`` kernel keeps an index table of about twice its
+  input from compilation on, for every weight gradient, and ``permute`` does not).
 
 Nothing else is computed on a step that only applies stored inverses.
 
@@ -39,7 +41,7 @@ from typing import Tuple
 
 import mindspore.common.dtype as mstype
 import numpy as np
-from mindspore import Tensor, ops
+from mindspore import Tensor, mint, ops
 
 __all__ = [
     "INVERSE_TOLERANCE",
@@ -160,9 +162,9 @@ def apply_right(x, inverse, n: int, nblocks: int, bs: int):
     padded = nblocks * bs
     if padded > n:
         x = ops.pad(x, (0, padded - n))
-    y = ops.transpose(ops.reshape(x, (k, nblocks, bs)), (1, 0, 2))
+    y = mint.permute(ops.reshape(x, (k, nblocks, bs)), (1, 0, 2))
     y = ops.bmm(y, inverse)
-    y = ops.reshape(ops.transpose(y, (1, 0, 2)), (k, padded))
+    y = ops.reshape(mint.permute(y, (1, 0, 2)), (k, padded))
     if padded > n:
         y = y[:, :n]
     return y
