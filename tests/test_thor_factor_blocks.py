@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from mindspore import Tensor, nn
-from reference.thor_factors import stored_form
+from reference.thor_factors import conv_factors, stored_form
 from reference.thor_ref import ConvRef, ThorReference
 from test_thor_optimizer import ConvNet, _init_params, _params, _run, _schedules, _train_cell
 
@@ -45,6 +45,26 @@ def test_block_helpers_match_numpy(mode, rng, n, block_size):
     want = 0.5 * np.einsum("bit,bjt->ij", columns, columns)
     np.testing.assert_allclose(gram.asnumpy(), stored_form(want, block_size), rtol=RTOL, atol=1e-5)
     np.testing.assert_allclose(float(trace.asnumpy()), np.trace(full), rtol=RTOL)
+
+
+class _ConvA(nn.Cell):
+    def construct(self, x):
+        return factors.conv_a(x, (3, 2), (2, 1), (1, 2), "same", 0, 4)
+
+
+@pytest.mark.parametrize("limit,size", [(None, 5), (10000, 3), (6000, 2), (1, 1)])
+def test_conv_a_in_batch_chunks_matches_reference(mode, rng, monkeypatch, limit, size):
+    """Patches larger than PATCH_CHUNK_BYTES are built in batch chunks (the last one smaller, down
+    to one sample); the summed A equals the whole batch's (NumPy reference, stored form)."""
+    x = rng.standard_normal((5, 3, 9, 8))
+    geometry = factors.conv_output_geometry(9, 8, (3, 2), (2, 1), (1, 2), "same", 0)
+    patch_bytes = 4 * 5 * 3 * 6 * geometry[4] * geometry[5]
+    if limit is not None:
+        monkeypatch.setattr(factors, "PATCH_CHUNK_BYTES", limit)
+    assert factors.patch_chunk_size(5, patch_bytes) == size
+    want = conv_factors(x, np.zeros((5, 1, geometry[4], geometry[5])), (3, 2), (2, 1), (1, 2), "same")[0]
+    np.testing.assert_allclose(_ConvA()(Tensor(x.astype(np.float32))).asnumpy(), stored_form(want, 4),
+                               rtol=RTOL, atol=1e-6)
 
 
 def test_blocked_factors_and_trajectory_match_reference(mode, rng):

@@ -4,8 +4,11 @@ Private implementation package (the public names are ``ms_optim.thor``/``ms_opti
 layers in ``ms_optim.nn`` and ``ms_optim.train_thor``). How the modules fit:
 
 ``factors.py`` -- the factor math per layer kind: ``<kind>_a(layer input, ...) -> A`` and
-    ``<kind>_g(dL/ds) -> G``, the conv im2col and ``conv_output_geometry``, and the backward-pass
-    taps that call them. The formulas and their normalisation are documented there.
+    ``<kind>_g(dL/ds) -> G``, the conv im2col and ``conv_output_geometry``, and the stored (diagonal
+    block) form. The formulas and their normalisation are documented there.
+
+``taps.py`` -- the backward-pass taps that call them: identities whose ``bprop`` computes and stores a
+    layer's factors on THOR steps.
 
 ``conventions.py`` -- ``thor(..., factor_convention=...)``: MindSpore's GPU and Ascend normalisations
     of A, G and the damping (or KFC), as batch means and scalar factors the taps apply; ``"auto"``

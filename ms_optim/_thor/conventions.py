@@ -122,7 +122,7 @@ class FactorConvention(nn.Cell):
         self.batch_mean = name == "gpu"
 
     def add_flags_recursive(self, **flags):
-        """Ignore amp's precision flags, as the tap does (``factors._FactorTap``): amp reaches this
+        """Ignore amp's precision flags, as the tap does (``taps._FactorTap``): amp reaches this
         child Cell directly, and a float16 flag would make GRAPH mode cast the factors to float16."""
         flags = {key: value for key, value in flags.items() if key not in ("fp16", "fp32", "bf16")}
         return super().add_flags_recursive(**flags)

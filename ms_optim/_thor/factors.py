@@ -58,26 +58,14 @@ computed from the gradient *as it reaches the layer*: under a loss scale ``S`` i
 the formula above (the optimizer divides it out). A factor that comes out non-finite (a loss-scale
 overflow) is not stored: the previous one is kept.
 
-The tap. In training mode a layer passes ``s`` through its tap, an identity with a custom ``bprop``
-that receives the layer input and ``dL/ds`` and, while the layer's ``thor_flag`` is True, computes
-and assigns both factors. So all factor work happens in the backward pass (a forward pass alone
-never computes factors), the forward graph has no control flow (a flag-dependent branch in the
-forward pass together with a backward hook makes MindSpore 2.10's GRAPH mode report a graph cycle
-for layers called more than once), and it works in PYNATIVE and GRAPH mode, inside
-``TrainOneStepCell`` and with ``mindspore.value_and_grad``/``mindspore.grad`` (also under
-``ms.jit``). The tap ignores amp's precision flags and casts to float32 itself (in PYNATIVE mode amp
-would cast the inputs of *every* op of a float16 cell).
+The backward-pass taps that call these functions are in ``taps.py``.
 """
 from __future__ import annotations
 
 from typing import Optional, Tuple
 
 import mindspore.common.dtype as mstype
-import numpy as np
-from mindspore import Tensor, nn, ops
-
-from ms_optim._thor.conventions import FactorConvention
-from ms_optim._thor.preconditioner import keep_if
+from mindspore import ops
 
 __all__ = [
     "factor_blocks",
@@ -90,12 +78,10 @@ __all__ = [
     "dense_g",
     "conv_patches",
     "conv_a",
+    "patch_chunk_size",
     "conv_g",
     "embedding_a",
     "embedding_g",
-    "DenseTap",
-    "ConvTap",
-    "EmbeddingTap",
 ]
 
 _F32 = mstype.float32
@@ -248,11 +234,39 @@ def conv_patches(x, kernel_size: Pair, stride: Pair, dilation: Pair, pad_mode: s
     return ops.reshape(cols, (batch, channels * kh * kw, out_h * out_w))
 
 
+#: Largest patch matrix (bytes) a conv tap builds at once; a larger one is built in batch chunks.
+PATCH_CHUNK_BYTES = 64 * 2 ** 20
+
+
+def patch_chunk_size(batch: int, patch_bytes: int) -> int:
+    """Samples per chunk so that each chunk's patches fit ``PATCH_CHUNK_BYTES`` (``batch``: one chunk).
+    (Integer arithmetic only: GRAPH_MODE parses it.)"""
+    chunks = (patch_bytes + PATCH_CHUNK_BYTES - 1) // PATCH_CHUNK_BYTES
+    return (batch + chunks - 1) // chunks
+
+
 def conv_a(x, kernel_size: Pair, stride: Pair, dilation: Pair, pad_mode: str, padding,
            block_size: Optional[int] = None):
-    """Conv A from the NCHW input and the conv geometry: ``sum p p^T / (B*T)`` over the patches (stored form)."""
-    patches = conv_patches(x, kernel_size, stride, dilation, pad_mode, padding)
-    return batch_gram(patches, 1.0 / (patches.shape[0] * patches.shape[2]), block_size)
+    """Conv A from the NCHW input and the conv geometry: ``sum p p^T / (B*T)`` over the patches (stored form).
+
+    When the ``(B, n, T)`` float32 patches would exceed ``PATCH_CHUNK_BYTES`` (a ResNet-50 stem or
+    first-stage 3x3 conv at batch 32: 231 MB, 257 MB padded to blocks), the batch is cut into chunks of
+    ``patch_chunk_size`` samples whose grams are summed; each chunk starts after the previous one's
+    gram is added, so only one chunk's patches exist at a time.
+    """
+    batch, channels = x.shape[0], x.shape[1]
+    geometry = conv_output_geometry(x.shape[2], x.shape[3], kernel_size, stride, dilation, pad_mode, padding)
+    positions = geometry[4] * geometry[5]
+    factor = 1.0 / (batch * positions)
+    size = patch_chunk_size(batch, 4 * batch * channels * kernel_size[0] * kernel_size[1] * positions)
+    if size >= batch:
+        return batch_gram(conv_patches(x, kernel_size, stride, dilation, pad_mode, padding), factor, block_size)
+    total = batch_gram(conv_patches(x[0:size], kernel_size, stride, dilation, pad_mode, padding), factor, block_size)
+    for start in range(size, batch, size):  # the last chunk may be smaller
+        part = ops.depend(x[start:start + size], total)
+        total = total + batch_gram(conv_patches(part, kernel_size, stride, dilation, pad_mode, padding), factor,
+                                   block_size)
+    return total
 
 
 def conv_g(ds, block_size: Optional[int] = None):
@@ -274,101 +288,3 @@ def embedding_a(flat_ids, vocab_size: int, limit):
 
 
 embedding_g = dense_g
-
-
-# --------------------------------------------------------------------------- the backward-pass taps
-class _FactorTap(nn.Cell):
-    """Identity on the layer's pre-activation ``s`` whose backward pass stores the factors.
-
-    ``tap(s, x, flag, a_cov, g_cov)`` returns ``s``. Its bprop receives the layer input ``x`` and
-    ``ds = dL/ds``; while ``flag`` is True it writes ``A(x)`` into ``a_cov`` and ``G(ds)`` into
-    ``g_cov`` (a non-finite value is not written) and passes ``ds`` through unchanged. The gradients
-    it returns for ``x`` and the state are zeros (``x`` reaches the tap through ``stop_gradient``; its
-    real gradient flows through the layer). Subclasses give ``_a_value(x)`` and ``_g_value(ds)``, the
-    formulas above adapted by ``self.convention`` (a ``conventions.FactorConvention``; KFC, i.e.
-    exactly the formulas above, unless ``thor(..., factor_convention=...)`` sets another).
-    """
-
-    def __init__(self):
-        super().__init__()
-        self.convention = FactorConvention()
-        self.block_size = None  # the layer's factor block width (``ThorLayer.set_factor_block_size``)
-
-    def add_flags_recursive(self, **flags):
-        """Ignore amp's precision flags (``to_float``): the tap casts to float32 itself, and a float16
-        flag would make PYNATIVE mode compute the factors in float16."""
-        flags = {key: value for key, value in flags.items() if key not in ("fp16", "fp32", "bf16")}
-        return super().add_flags_recursive(**flags)
-
-    def _a_value(self, x):
-        raise NotImplementedError
-
-    def _g_value(self, ds):
-        raise NotImplementedError
-
-    def construct(self, s, x, flag, a_cov, g_cov):
-        return s
-
-    def bprop(self, s, x, flag, a_cov, g_cov, out, dout):
-        if flag:
-            a_new = self._a_value(x)
-            a_new = keep_if(ops.isfinite(a_new).all(), a_new, a_cov)
-            g_new = self._g_value(dout)
-            g_new = keep_if(ops.isfinite(g_new).all(), g_new, g_cov)
-            dout = ops.depend(dout, ops.assign(a_cov, a_new))
-            dout = ops.depend(dout, ops.assign(g_cov, g_new))
-        # under amp the custom bprop sees the un-cast input s: hand its gradient back in s's dtype
-        return (ops.cast(dout, s.dtype), ops.zeros_like(x), ops.zeros_like(flag), ops.zeros_like(a_cov),
-                ops.zeros_like(g_cov))
-
-
-class DenseTap(_FactorTap):
-    """Tap of a Dense layer: :func:`dense_a`, :func:`dense_g`."""
-
-    def _a_value(self, x):
-        return self.convention.apply(dense_a(x, self.block_size),
-                                     self.convention.dense_scales(x.shape[0], x.shape[1])[0])
-
-    def _g_value(self, ds):
-        return self.convention.apply(dense_g(ds, self.block_size),
-                                     self.convention.dense_scales(ds.shape[0], ds.shape[1])[1])
-
-
-class ConvTap(_FactorTap):
-    """Tap of a Conv2d layer (NCHW, group 1): :func:`conv_a` with the layer's geometry, :func:`conv_g`."""
-
-    def __init__(self, kernel_size: Pair, stride: Pair, dilation: Pair, pad_mode: str, padding):
-        super().__init__()
-        self.kernel_size = kernel_size
-        self.stride = stride
-        self.dilation = dilation
-        self.pad_mode = pad_mode
-        self.padding = padding
-
-    def _a_value(self, x):
-        geometry = conv_output_geometry(x.shape[2], x.shape[3], self.kernel_size, self.stride, self.dilation,
-                                        self.pad_mode, self.padding)
-        scale = self.convention.conv_scales(x.shape[0], geometry[4] * geometry[5])[0]
-        a = conv_a(self.convention.conv_input(x), self.kernel_size, self.stride, self.dilation, self.pad_mode,
-                   self.padding, self.block_size)
-        return self.convention.apply(a, scale)
-
-    def _g_value(self, ds):
-        scale = self.convention.conv_scales(ds.shape[0], ds.shape[2] * ds.shape[3])[1]
-        return self.convention.apply(conv_g(self.convention.conv_grad(ds), self.block_size), scale)
-
-
-class EmbeddingTap(_FactorTap):
-    """Tap of an Embedding layer: :func:`embedding_a` (the diagonal of A), :func:`embedding_g`."""
-
-    def __init__(self, vocab_size: int):
-        super().__init__()
-        self.vocab_size = vocab_size
-        self.limit = Tensor(np.array(vocab_size, np.int32))
-
-    def _a_value(self, x):
-        return self.convention.apply(embedding_a(x, self.vocab_size, self.limit),
-                                     self.convention.embedding_scales(x.shape[0])[0])
-
-    def _g_value(self, ds):
-        return self.convention.apply(embedding_g(ds, self.block_size), self.convention.embedding_scales(ds.shape[0])[1])

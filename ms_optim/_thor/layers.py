@@ -27,7 +27,8 @@ from mindspore import Parameter, Tensor, nn, ops
 
 from ms_optim._bridge import prime_numpy_bridge
 from ms_optim._thor import layer_args
-from ms_optim._thor.factors import ConvTap, DenseTap, EmbeddingTap, stored_shape
+from ms_optim._thor.factors import stored_shape
+from ms_optim._thor.taps import ConvTap, DenseTap, EmbeddingTap
 from ms_optim._validation import describe
 
 __all__ = ["ThorLayer", "DenseThor", "Conv2dThor", "EmbeddingThor", "DEFAULT_BLOCK_SIZE"]

@@ -1,0 +1,131 @@
+"""THOR's backward-pass taps: where a layer's Kronecker factors are computed and stored.
+
+The tap. In training mode a layer passes ``s`` through its tap, an identity with a custom ``bprop``
+that receives the layer input and ``dL/ds`` and, while the layer's ``thor_flag`` is True, computes
+and assigns both factors. So all factor work happens in the backward pass (a forward pass alone
+never computes factors), the forward graph has no control flow (a flag-dependent branch in the
+forward pass together with a backward hook makes MindSpore 2.10's GRAPH mode report a graph cycle
+for layers called more than once), and it works in PYNATIVE and GRAPH mode, inside
+``TrainOneStepCell`` and with ``mindspore.value_and_grad``/``mindspore.grad`` (also under
+``ms.jit``). The tap ignores amp's precision flags and casts to float32 itself (in PYNATIVE mode amp
+would cast the inputs of *every* op of a float16 cell).
+
+The factor formulas (and their normalisation) are in ``factors.py``; the layers (``layers.py``) own
+the factor Parameters and the flag and route their pre-activation through a tap in training mode.
+"""
+from __future__ import annotations
+
+import numpy as np
+from mindspore import Tensor, nn, ops
+
+from ms_optim._thor.conventions import FactorConvention
+from ms_optim._thor.factors import (
+    Pair,
+    conv_a,
+    conv_g,
+    conv_output_geometry,
+    dense_a,
+    dense_g,
+    embedding_a,
+    embedding_g,
+)
+from ms_optim._thor.preconditioner import keep_if
+
+__all__ = ["DenseTap", "ConvTap", "EmbeddingTap"]
+
+
+class _FactorTap(nn.Cell):
+    """Identity on the layer's pre-activation ``s`` whose backward pass stores the factors.
+
+    ``tap(s, x, flag, a_cov, g_cov)`` returns ``s``. Its bprop receives the layer input ``x`` and
+    ``ds = dL/ds``; while ``flag`` is True it writes ``A(x)`` into ``a_cov`` and ``G(ds)`` into
+    ``g_cov`` (a non-finite value is not written) and passes ``ds`` through unchanged. The gradients
+    it returns for ``x`` and the state are zeros (``x`` reaches the tap through ``stop_gradient``; its
+    real gradient flows through the layer). Subclasses give ``_a_value(x)`` and ``_g_value(ds)``, the
+    formulas above adapted by ``self.convention`` (a ``conventions.FactorConvention``; KFC, i.e.
+    exactly the formulas above, unless ``thor(..., factor_convention=...)`` sets another).
+    """
+
+    def __init__(self):
+        super().__init__()
+        self.convention = FactorConvention()
+        self.block_size = None  # the layer's factor block width (``ThorLayer.set_factor_block_size``)
+
+    def add_flags_recursive(self, **flags):
+        """Ignore amp's precision flags (``to_float``): the tap casts to float32 itself, and a float16
+        flag would make PYNATIVE mode compute the factors in float16."""
+        flags = {key: value for key, value in flags.items() if key not in ("fp16", "fp32", "bf16")}
+        return super().add_flags_recursive(**flags)
+
+    def _a_value(self, x):
+        raise NotImplementedError
+
+    def _g_value(self, ds):
+        raise NotImplementedError
+
+    def construct(self, s, x, flag, a_cov, g_cov):
+        return s
+
+    def bprop(self, s, x, flag, a_cov, g_cov, out, dout):
+        if flag:
+            a_new = self._a_value(x)
+            a_new = keep_if(ops.isfinite(a_new).all(), a_new, a_cov)
+            g_new = self._g_value(dout)
+            g_new = keep_if(ops.isfinite(g_new).all(), g_new, g_cov)
+            dout = ops.depend(dout, ops.assign(a_cov, a_new))
+            dout = ops.depend(dout, ops.assign(g_cov, g_new))
+        # under amp the custom bprop sees the un-cast input s: hand its gradient back in s's dtype
+        return (ops.cast(dout, s.dtype), ops.zeros_like(x), ops.zeros_like(flag), ops.zeros_like(a_cov),
+                ops.zeros_like(g_cov))
+
+
+class DenseTap(_FactorTap):
+    """Tap of a Dense layer: :func:`dense_a`, :func:`dense_g`."""
+
+    def _a_value(self, x):
+        return self.convention.apply(dense_a(x, self.block_size),
+                                     self.convention.dense_scales(x.shape[0], x.shape[1])[0])
+
+    def _g_value(self, ds):
+        return self.convention.apply(dense_g(ds, self.block_size),
+                                     self.convention.dense_scales(ds.shape[0], ds.shape[1])[1])
+
+
+class ConvTap(_FactorTap):
+    """Tap of a Conv2d layer (NCHW, group 1): :func:`conv_a` with the layer's geometry, :func:`conv_g`."""
+
+    def __init__(self, kernel_size: Pair, stride: Pair, dilation: Pair, pad_mode: str, padding):
+        super().__init__()
+        self.kernel_size = kernel_size
+        self.stride = stride
+        self.dilation = dilation
+        self.pad_mode = pad_mode
+        self.padding = padding
+
+    def _a_value(self, x):
+        geometry = conv_output_geometry(x.shape[2], x.shape[3], self.kernel_size, self.stride, self.dilation,
+                                        self.pad_mode, self.padding)
+        scale = self.convention.conv_scales(x.shape[0], geometry[4] * geometry[5])[0]
+        a = conv_a(self.convention.conv_input(x), self.kernel_size, self.stride, self.dilation, self.pad_mode,
+                   self.padding, self.block_size)
+        return self.convention.apply(a, scale)
+
+    def _g_value(self, ds):
+        scale = self.convention.conv_scales(ds.shape[0], ds.shape[2] * ds.shape[3])[1]
+        return self.convention.apply(conv_g(self.convention.conv_grad(ds), self.block_size), scale)
+
+
+class EmbeddingTap(_FactorTap):
+    """Tap of an Embedding layer: :func:`embedding_a` (the diagonal of A), :func:`embedding_g`."""
+
+    def __init__(self, vocab_size: int):
+        super().__init__()
+        self.vocab_size = vocab_size
+        self.limit = Tensor(np.array(vocab_size, np.int32))
+
+    def _a_value(self, x):
+        return self.convention.apply(embedding_a(x, self.vocab_size, self.limit),
+                                     self.convention.embedding_scales(x.shape[0])[0])
+
+    def _g_value(self, ds):
+        return self.convention.apply(embedding_g(ds, self.block_size), self.convention.embedding_scales(ds.shape[0])[1])
