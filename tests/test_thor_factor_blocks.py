@@ -34,7 +34,7 @@ class _Helpers(nn.Cell):
                 _trace(factors.diagonal_blocks(full, self.block_size), False))
 
 
-@pytest.mark.parametrize("n,block_size", [(10, 4), (8, 4), (5, None), (5, 8), (9, 3), (5, 4), (7, 6)])
+@pytest.mark.parametrize("n,block_size", [(10, 4), (8, 4), (5, None), (5, 8), (9, 3), (5, 4), (7, 6), (20, 8)])
 def test_block_helpers_match_numpy(mode, rng, n, block_size):
     """diagonal_blocks, batch_gram (0.5 * sum_b c_b c_b^T) and the trace of the stored form, against NumPy."""
     full = rng.standard_normal((n, n))

@@ -65,7 +65,7 @@ from __future__ import annotations
 from typing import Optional, Tuple
 
 import mindspore.common.dtype as mstype
-from mindspore import ops
+from mindspore import mint, ops
 
 __all__ = [
     "factor_blocks",
@@ -167,7 +167,9 @@ def batch_gram(columns, factor, block_size: Optional[int]):
     ``c c^T`` and a sum over ``B`` give the diagonal blocks (a whole factor: ``B`` products of ``n x n``).
     When the whole ``n x n`` gram takes no more flops than the padded blocks (``n^2 <= nblocks bs^2``,
     e.g. a 7x7 RGB stem: n = 147, two blocks of 128), it is formed instead and cut into blocks: no
-    padded copy of the columns.
+    padded copy of the columns. When ``T < bs`` (a ResNet's last stage: T = 49) the ``B * nblocks``
+    products would be larger than the columns themselves, so the columns are laid out once as
+    ``(nblocks, bs, B * T)`` (``mint.permute``) and each block is one product.
     """
     columns = ops.cast(columns, _F32)
     batch, n, positions = columns.shape
@@ -177,8 +179,12 @@ def batch_gram(columns, factor, block_size: Optional[int]):
         return diagonal_blocks(_scale(ops.reduce_sum(_BATCH_GRAM(columns, columns), 0), factor), block_size)
     if padded > n:
         columns = ops.pad(columns, (0, 0, 0, padded - n))
-    columns = ops.reshape(columns, (batch * nblocks, bs, positions))
-    blocks = ops.reduce_sum(ops.reshape(_BATCH_GRAM(columns, columns), (batch, nblocks, bs, bs)), 0)
+    if 1 < batch and positions < bs:  # (B nblocks, bs, bs) products would outweigh one copy of the columns
+        columns = ops.reshape(mint.permute(columns, (1, 0, 2)), (nblocks, bs, batch * positions))
+        blocks = _BATCH_GRAM(columns, columns)
+    else:
+        columns = ops.reshape(columns, (batch * nblocks, bs, positions))
+        blocks = ops.reduce_sum(ops.reshape(_BATCH_GRAM(columns, columns), (batch, nblocks, bs, bs)), 0)
     if nblocks == 1:
         blocks = ops.reshape(blocks, (n, n))
     return _scale(blocks, factor)
@@ -196,14 +202,24 @@ def row_gram(rows, factor):
     return _scale(_GRAM(rows, rows), factor)
 
 
+def _rows_blocks(rows, factor, block_size: Optional[int]):
+    """Stored form of ``factor * rows^T rows`` for ``(N, n)`` rows: the whole gram when it is one block,
+    else only the diagonal blocks, from the rows laid out once as one ``(1, n, N)`` column matrix."""
+    n = rows.shape[1]
+    if factor_blocks(n, block_size)[0] == 1:
+        return row_gram(rows, factor)
+    columns = ops.reshape(mint.permute(ops.cast(rows, _F32), (1, 0)), (1, n, rows.shape[0]))
+    return batch_gram(columns, factor, block_size)
+
+
 def dense_a(x, block_size: Optional[int] = None):
     """Dense A from the ``(N, in)`` input rows: ``a^T a / N`` (stored form, :func:`stored_shape`)."""
-    return diagonal_blocks(row_gram(x, 1.0 / x.shape[0]), block_size)
+    return _rows_blocks(x, 1.0 / x.shape[0], block_size)
 
 
 def dense_g(ds, block_size: Optional[int] = None):
     """Dense (and embedding) G from the ``(N, out)`` rows of dL/ds: ``N d^T d`` (stored form)."""
-    return diagonal_blocks(row_gram(ds, ds.shape[0]), block_size)
+    return _rows_blocks(ds, ds.shape[0], block_size)
 
 
 def conv_patches(x, kernel_size: Pair, stride: Pair, dilation: Pair, pad_mode: str, padding):
