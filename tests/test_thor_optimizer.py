@@ -327,12 +327,17 @@ def test_keep_if_takes_the_whole_new_tensor_or_keeps_the_old(mode, rng, shape):
 
 
 def test_preconditioner_rejects_singular_and_nonfinite(mode):
-    """damping 0 with a singular factor, or a NaN factor: the inverse is rejected (never NaN)."""
+    """damping 0 with a singular factor, or a factor with a NaN or an infinite entry (one, or all): the
+    inverse is rejected (never NaN); the identity is accepted."""
     layout = pc.BlockLayout(4, None)
     cell = _Blocks(layout, layout)
     singular = np.ones((4, 4), np.float32)
     nan = np.full((4, 4), np.nan, np.float32)
     good = np.eye(4, dtype=np.float32)
-    for bad in (singular, nan):
+    one_inf, one_nan = good.copy(), good.copy()
+    one_inf[1, 2], one_nan[3, 3] = np.inf, np.nan
+    _, _, ok, _ = cell(Tensor(good), Tensor(good), Tensor(np.ones((4, 4), np.float32)), Tensor(np.float32(0.0)))
+    assert bool(ok.asnumpy())
+    for bad in (singular, nan, one_inf, one_nan, np.full((4, 4), np.inf, np.float32)):
         _, _, ok, _ = cell(Tensor(bad), Tensor(good), Tensor(np.ones((4, 4), np.float32)), Tensor(np.float32(0.0)))
         assert not bool(ok.asnumpy())
