@@ -42,8 +42,8 @@ class _FactorTap(nn.Cell):
     ``g_cov`` (a non-finite value is not written) and passes ``ds`` through unchanged. The gradients
     it returns for ``x`` and the state are zeros (``x`` reaches the tap through ``stop_gradient``; its
     real gradient flows through the layer). Subclasses give ``_a_value(x)`` and ``_g_value(ds)``, the
-    formulas above adapted by ``self.convention`` (a ``conventions.FactorConvention``; KFC, i.e.
-    exactly the formulas above, unless ``thor(..., factor_convention=...)`` sets another).
+    formulas of ``factors.py`` adapted by ``self.convention`` (a ``conventions.FactorConvention``; KFC,
+    i.e. exactly those formulas, unless ``thor(..., factor_convention=...)`` sets another).
     """
 
     def __init__(self):
