@@ -70,8 +70,7 @@ class ThorLayer(nn.Cell):
     _plain_type: type = nn.Cell
 
     def _init_thor_state(self, a_shape: Tuple[int, ...], g_dim: int, name_prefix: str, tap: nn.Cell) -> None:
-        """Create the factor Parameters (zeros, stored in blocks of ``DEFAULT_BLOCK_SIZE``), the flag (True)
-        and the factor tap."""
+        """Create the factor Parameters (zeros, in blocks of ``DEFAULT_BLOCK_SIZE``), the flag (True), the tap."""
         prime_numpy_bridge()
         self.a_dim = int(a_shape[0])
         self.g_dim = int(g_dim)
