@@ -4,7 +4,9 @@ Every (case, optimizer) pair runs in its own child process (GRAPH_MODE, CPU), so
 optimizer's alone: the child builds model_zoo/resnet's net (1001 classes, ImageNet stem) on generated
 data, trains ``--steps`` steps through ``nn.TrainOneStepCell`` and reports ``ru_maxrss`` of itself
 (``resource.getrusage(RUSAGE_SELF)``: the peak resident set of the process, compilation included) and
-the wall time of every step. THOR runs with ``frequency=--frequency`` (default 2), so steps 0, 2, 4,
+the wall time of every step. Once the training cell is compiled, both optimizers' children call
+``ms_optim.release_freed_memory()`` (what ``ModelThor`` does; ``--no-release`` leaves it out), so the
+compiler's freed memory is not counted in the steps' peak. THOR runs with ``frequency=--frequency`` (default 2), so steps 0, 2, 4,
 ... are THOR steps (factors collected, inverses recomputed) and the others reuse stored inverses.
 
 Reported per case (the baseline, Momentum, is measured in the same run):
@@ -92,6 +94,12 @@ def child_main(args: argparse.Namespace) -> None:
     train.compile(x, y)  # compilation alone, so its share of the peak is known
     rss_compiled = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     print(f"PROGRESS compiled {rss_compiled / 1024 ** 2:.2f} GiB", flush=True)
+    if args.release:  # what ModelThor does once its training cell is compiled, here for both optimizers
+        from ms_optim import release_freed_memory
+
+        release_freed_memory()
+    rss_resident = _rss_kb(os.getpid())
+    print(f"PROGRESS resident before the first step {rss_resident / 1024 ** 2:.2f} GiB", flush=True)
     times = []
     for _ in range(steps):
         start = time.perf_counter()
@@ -99,7 +107,8 @@ def child_main(args: argparse.Namespace) -> None:
         times.append((time.perf_counter() - start) * 1e3)
     peak_kb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     print("RESULT " + json.dumps({"peak_rss_kb": peak_kb, "rss_after_build_kb": rss_built,
-                                  "rss_after_compile_kb": rss_compiled, "step_ms": times}),
+                                  "rss_after_compile_kb": rss_compiled, "rss_before_steps_kb": rss_resident,
+                                  "step_ms": times}),
           flush=True)
 
 
@@ -120,6 +129,8 @@ def run_child(case: Dict, optimizer: str, args: argparse.Namespace) -> Dict:
     cmd = [sys.executable, os.path.abspath(__file__), "--child", "--net", case["net"], "--batch", str(case["batch"]),
            "--image", str(case["image"]), "--optimizer", optimizer, "--steps", str(args.steps),
            "--frequency", str(args.frequency), "--width", str(args.width), "--classes", str(args.classes)]
+    if not args.release:
+        cmd.append("--no-release")
     limit_kb = int(args.max_rss_gb * 1024 * 1024)
     start = time.perf_counter()
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -143,7 +154,8 @@ def run_child(case: Dict, optimizer: str, args: argparse.Namespace) -> Dict:
     steps = data["step_ms"]
     record.update({"failed": False, "peak_rss_gb": data["peak_rss_kb"] / 1024 ** 2,
                    "rss_after_build_gb": data["rss_after_build_kb"] / 1024 ** 2,
-                   "rss_after_compile_gb": data["rss_after_compile_kb"] / 1024 ** 2, "step_ms": steps})
+                   "rss_after_compile_gb": data["rss_after_compile_kb"] / 1024 ** 2,
+                   "rss_before_steps_gb": data["rss_before_steps_kb"] / 1024 ** 2, "step_ms": steps})
     later = list(enumerate(steps))[1:]  # step 0 compiles
     if optimizer == "thor":
         thor_steps = [t for i, t in later if i % args.frequency == 0]
@@ -224,6 +236,9 @@ def main(argv: Optional[List[str]] = None) -> int:
                         help="kill a child whose resident set passes this (default 18 GB)")
     parser.add_argument("--optimizers", default="momentum,thor",
                         help="comma-separated subset of momentum,thor (default both; ratios need both)")
+    parser.add_argument("--no-release", dest="release", action="store_false",
+                        help="do not return the compiler's freed memory to the system before the first step "
+                             "(by default both optimizers do, as ModelThor does)")
     parser.add_argument("--quick", action="store_true", help="smoke run: resnet18 width 8, 32x32, batch 4, 3 steps")
     parser.add_argument("--out", default=RESULTS_DIR, help="output folder for the JSON and PNG")
     # the child process
@@ -253,7 +268,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         print(f"case {case}", flush=True)
         results.append(run_case(case, args))
     stem = "bench_memory_quick" if args.quick else "bench_memory"
-    payload = {"targets": TARGETS, "steps": args.steps, "frequency": args.frequency, "width": args.width,
+    payload = {"targets": TARGETS, "release_freed_memory": args.release, "steps": args.steps, "frequency": args.frequency, "width": args.width,
                "classes": args.classes, "max_rss_gb": args.max_rss_gb, "cases": results}
     json_path = write_json(os.path.join(args.out, stem + ".json"), payload)
     png_path = plot(os.path.join(args.out, stem + ".png"), results)

@@ -2,7 +2,8 @@
 
 Public names: ``ms_optim.nn`` (drop-in for ``mindspore.nn``), ``ms_optim.train_thor`` (drop-in for
 ``mindspore.train.train_thor``), and every optimizer/THOR name at top level (``ms_optim.Lamb``,
-``ms_optim.thor``, ``ms_optim.ConvertModelUtils``, ...).
+``ms_optim.thor``, ``ms_optim.ConvertModelUtils``, ...), and ``ms_optim.release_freed_memory`` (give a
+graph compilation's freed memory back to the system: ``ms_optim._memory``).
 """
 from ms_optim._facade import lazy_dir, lazy_getattr
 from ms_optim.nn import _EXPORTS as _NN_EXPORTS
@@ -11,7 +12,8 @@ from ms_optim.train_thor import _EXPORTS as _TRAIN_THOR_EXPORTS
 __version__ = "0.1.0"
 
 # use()/undo_use(): point MindSpore's own names at ms_optim's (what `python -m ms_optim.run` does).
-_EXPORTS = {**_NN_EXPORTS, **_TRAIN_THOR_EXPORTS, "use": "ms_optim._patch", "undo_use": "ms_optim._patch"}
+_EXPORTS = {**_NN_EXPORTS, **_TRAIN_THOR_EXPORTS, "use": "ms_optim._patch", "undo_use": "ms_optim._patch",
+            "release_freed_memory": "ms_optim._memory"}
 
 __all__ = sorted(_EXPORTS) + ["nn", "train_thor"]
 __getattr__ = lazy_getattr(_EXPORTS, __name__)

@@ -25,6 +25,8 @@ def test_bench_memory_quick_writes_results(tmp_path):
     for name in ("momentum", "thor"):
         rec = case[name]
         assert not rec["failed"] and rec["peak_rss_gb"] > 0 and len(rec["step_ms"]) == result["steps"]
+        assert 0 < rec["rss_before_steps_gb"] <= rec["peak_rss_gb"]
+    assert result["release_freed_memory"] is True
     assert case["thor_vs_momentum_rss"] > 0 and case["thor_step_vs_momentum"] > 0
     assert (tmp_path / "bench_memory_quick.png").stat().st_size > 0
 
@@ -33,5 +35,6 @@ def test_bench_memory_help_and_bad_case():
     script = os.path.join(ROOT, "benchmarks", "bench_memory.py")
     run = subprocess.run([sys.executable, script, "--help"], capture_output=True, text=True, timeout=120)
     assert run.returncode == 0 and "--cases" in run.stdout and "--max-rss-gb" in run.stdout
+    assert "--no-release" in run.stdout
     run = subprocess.run([sys.executable, script, "--cases", "resnet50"], capture_output=True, text=True, timeout=120)
     assert run.returncode != 0 and "NET:BATCH" in run.stderr
