@@ -6,8 +6,9 @@ data, trains ``--steps`` steps through ``nn.TrainOneStepCell`` and reports ``ru_
 (``resource.getrusage(RUSAGE_SELF)``: the peak resident set of the process, compilation included) and
 the wall time of every step. Once the training cell is compiled, both optimizers' children call
 ``ms_optim.release_freed_memory()`` (what ``ModelThor`` does; ``--no-release`` leaves it out), so the
-compiler's freed memory is not counted in the steps' peak. THOR runs with ``frequency=--frequency`` (default 2), so steps 0, 2, 4,
-... are THOR steps (factors collected, inverses recomputed) and the others reuse stored inverses.
+compiler's freed memory is not counted in the steps' peak. THOR runs with ``frequency=--frequency``
+(default 2), so steps 0, 2, 4, ... are THOR steps (factors collected, inverses recomputed) and the
+others reuse stored inverses.
 
 Reported per case (the baseline, Momentum, is measured in the same run):
 
@@ -268,7 +269,8 @@ def main(argv: Optional[List[str]] = None) -> int:
         print(f"case {case}", flush=True)
         results.append(run_case(case, args))
     stem = "bench_memory_quick" if args.quick else "bench_memory"
-    payload = {"targets": TARGETS, "release_freed_memory": args.release, "steps": args.steps, "frequency": args.frequency, "width": args.width,
+    payload = {"targets": TARGETS, "release_freed_memory": args.release,
+               "steps": args.steps, "frequency": args.frequency, "width": args.width,
                "classes": args.classes, "max_rss_gb": args.max_rss_gb, "cases": results}
     json_path = write_json(os.path.join(args.out, stem + ".json"), payload)
     png_path = plot(os.path.join(args.out, stem + ".png"), results)
