@@ -176,6 +176,8 @@ _CONV_CASES = [
     (3, (2, 3), (1, 2), "valid", 0, 1, True),        # non-square kernel and stride, "valid"
     (2, (3, 1), 2, "same", 0, 1, True),              # asymmetric "same" padding with stride 2
     (2, 2, 1, "pad", (0, 1, 2, 1), (1, 2), False),   # 4-tuple padding, non-square dilation
+    (3, 1, 2, "same", 0, 1, False),                  # 1x1 with stride 2: the strided input, no im2col
+    (2, 1, 2, "pad", (1, 0, 0, 1), 1, True),         # 1x1 with padding and stride: pad, then stride
 ]
 
 

@@ -62,6 +62,7 @@ from typing import Optional, Tuple
 
 import mindspore.common.dtype as mstype
 from mindspore import context, nn, ops
+from mindspore.ops import constexpr
 
 from ms_optim._validation import describe
 
@@ -140,33 +141,44 @@ class FactorConvention(nn.Cell):
     def conv_scales(self, batch: int, positions: int) -> Tuple[float, float]:
         """``(A multiplier, G multiplier)`` of a conv with batch ``batch`` and ``positions`` = Ho*Wo,
         applied to ``factors.conv_a``/``conv_g`` of ``conv_input``/``conv_grad``."""
-        bs = self.batch_size
-        if self.name == "gpu":  # conv_a(mean x) = sum pm pm^T / T; conv_g(mean ds) = sum dm dm^T
-            return positions ** 0.5, bs * bs / positions ** 0.5
-        if self.name == "ascend":  # conv_a(x) = sum p p^T / n; conv_g(ds) = B sum d d^T
-            rows = batch * positions
-            root = (rows / bs) ** 0.5
-            return root, root * bs * bs / (rows * batch)
-        return 1.0, 1.0
+        return _scales(self.name, "conv", self.batch_size, batch, positions)
 
     def dense_scales(self, rows: int, width: int) -> Tuple[float, float]:
         """``(A multiplier, G multiplier)`` of a Dense layer with ``rows`` input rows of ``width``
         features, applied to ``factors.dense_a`` (``a^T a / N``) and ``dense_g`` (``N d^T d``)."""
-        g_scale = 1.0 if self.name == "kfc" else self.batch_size * self.batch_size / (rows * rows)
-        return (rows / width if self.name == "gpu" else 1.0), g_scale
+        return _scales(self.name, "dense", self.batch_size, rows, width)
 
     def embedding_scales(self, rows: int) -> Tuple[float, float]:
         """``(A multiplier, G multiplier)`` of an Embedding with ``rows`` ids, applied to
         ``factors.embedding_a`` (``counts / N``) and ``embedding_g`` (``N d^T d``)."""
-        if self.name == "kfc":
-            return 1.0, 1.0
-        return rows / self.batch_size, self.batch_size * self.batch_size / (rows * rows)
+        return _scales(self.name, "embedding", self.batch_size, rows, 0)
 
     def apply(self, value, factor: float):
         """``value * factor`` (float32); ``value`` itself when ``factor == 1.0``."""
         if factor == 1.0:
             return value
         return ops.mul(value, ops.scalar_to_tensor(factor, mstype.float32))
+
+
+@constexpr
+def _scales(name: str, kind: str, bs: int, first: int, second: int) -> Tuple[float, float]:
+    """The multipliers of :class:`FactorConvention`'s ``<kind>_scales(first, second)`` for convention
+    ``name`` and the optimizer's ``batch_size`` ``bs`` (a ``constexpr``: GRAPH_MODE gets one constant,
+    as for ``factors.gram_plan``)."""
+    if kind == "conv":  # first = B, second = Ho*Wo
+        if name == "gpu":  # conv_a(mean x) = sum pm pm^T / T; conv_g(mean ds) = sum dm dm^T
+            return second ** 0.5, bs * bs / second ** 0.5
+        if name == "ascend":  # conv_a(x) = sum p p^T / n; conv_g(ds) = B sum d d^T
+            rows = first * second
+            root = (rows / bs) ** 0.5
+            return root, root * bs * bs / (rows * first)
+        return 1.0, 1.0
+    if kind == "dense":  # first = N rows, second = width
+        g_scale = 1.0 if name == "kfc" else bs * bs / (first * first)
+        return (first / second if name == "gpu" else 1.0), g_scale
+    if name == "kfc":  # embedding: first = N ids
+        return 1.0, 1.0
+    return first / bs, bs * bs / (first * first)
 
 
 def apply_factor_convention(layers, name: str, batch_size: int) -> None:

@@ -59,6 +59,13 @@ the formula above (the optimizer divides it out). A factor that comes out non-fi
 overflow) is not stored: the previous one is kept.
 
 The backward-pass taps that call these functions are in ``taps.py``.
+
+Shape planning. The helpers that only compute numbers from static shapes
+(:func:`conv_output_geometry`, :func:`factor_blocks`, :func:`gram_plan`, :func:`patch_plan`,
+:func:`conv_a_plan`) are ``constexpr``: GRAPH_MODE runs them in Python and puts their result in the
+graph as one constant. Parsed into the graph, their arithmetic and branches
+became graph nodes at every call site of every layer, which kept ResNet-50's compiled THOR step
+about 0.25 GiB larger; called from Python they are plain functions.
 """
 from __future__ import annotations
 
@@ -66,6 +73,7 @@ from typing import Optional, Tuple
 
 import mindspore.common.dtype as mstype
 from mindspore import mint, ops
+from mindspore.ops import constexpr
 
 __all__ = [
     "factor_blocks",
@@ -79,6 +87,9 @@ __all__ = [
     "conv_patches",
     "conv_a",
     "patch_chunk_size",
+    "gram_plan",
+    "patch_plan",
+    "conv_a_plan",
     "conv_g",
     "embedding_a",
     "embedding_g",
@@ -91,6 +102,7 @@ _BATCH_GRAM = ops.BatchMatMul(transpose_b=True)
 Pair = Tuple[int, int]
 
 
+@constexpr
 def conv_output_geometry(height: int, width: int, kernel_size: Pair, stride: Pair, dilation: Pair, pad_mode: str,
                          padding) -> Tuple[int, int, int, int, int, int]:
     """Output size and explicit paddings of a 2-D convolution, as ``ops.Conv2D`` computes them.
@@ -126,10 +138,10 @@ def conv_output_geometry(height: int, width: int, kernel_size: Pair, stride: Pai
     return pads[0], pads[1], pads[2], pads[3], out_h, out_w
 
 
+@constexpr
 def factor_blocks(n: int, block_size: Optional[int]) -> Tuple[int, int]:
     """``(nblocks, bs)`` of a factor of size ``n``: ``bs = min(block_size, n)``, ``nblocks = ceil(n / bs)``;
-    ``block_size=None`` is the whole matrix, ``(1, n)``. (Plain integer arithmetic on purpose: GRAPH_MODE
-    parses it, and ``int()``/``min`` calls there made ResNet-50's compiled graph 0.8 GiB larger.)"""
+    ``block_size=None`` is the whole matrix, ``(1, n)`` (a ``constexpr``: see "Shape planning")."""
     if block_size is None or block_size >= n:
         return 1, n
     return (n + block_size - 1) // block_size, block_size
@@ -173,13 +185,12 @@ def batch_gram(columns, factor, block_size: Optional[int]):
     """
     columns = ops.cast(columns, _F32)
     batch, n, positions = columns.shape
-    nblocks, bs = factor_blocks(n, block_size)
-    padded = nblocks * bs
-    if 1 < nblocks and n * n <= nblocks * bs * bs:  # the whole gram costs no more than the padded blocks
+    route, nblocks, bs, pad = gram_plan(batch, n, positions, block_size)
+    if route == "whole":
         return diagonal_blocks(_scale(ops.reduce_sum(_BATCH_GRAM(columns, columns), 0), factor), block_size)
-    if padded > n:
-        columns = ops.pad(columns, (0, 0, 0, padded - n))
-    if 1 < batch and positions < bs:  # (B nblocks, bs, bs) products would outweigh one copy of the columns
+    if pad:
+        columns = ops.pad(columns, (0, 0, 0, pad))
+    if route == "permute":
         columns = ops.reshape(mint.permute(columns, (1, 0, 2)), (nblocks, bs, batch * positions))
         blocks = _BATCH_GRAM(columns, columns)
     else:
@@ -188,6 +199,24 @@ def batch_gram(columns, factor, block_size: Optional[int]):
     if nblocks == 1:
         blocks = ops.reshape(blocks, (n, n))
     return _scale(blocks, factor)
+
+
+@constexpr
+def gram_plan(batch: int, n: int, positions: int, block_size: Optional[int]) -> Tuple[str, int, int, int]:
+    """How :func:`batch_gram` forms the blocks of ``(B, n, T)`` columns: ``(route, nblocks, bs, pad)``.
+
+    ``route`` is ``"whole"`` (the ``n x n`` gram, then its blocks: when ``n^2 <= nblocks bs^2``),
+    ``"permute"`` (one product per block: when ``B > 1`` and ``T < bs``) or ``"batched"`` (``B * nblocks``
+    products summed over ``B``); ``pad = nblocks * bs - n`` zero rows complete the last block.
+    """
+    nblocks, bs = factor_blocks(n, block_size)
+    if 1 < nblocks and n * n <= nblocks * bs * bs:  # the whole gram costs no more than the padded blocks
+        route = "whole"
+    elif 1 < batch and positions < bs:  # (B nblocks, bs, bs) products would outweigh one copy of the columns
+        route = "permute"
+    else:
+        route = "batched"
+    return route, nblocks, bs, nblocks * bs - n
 
 
 # --------------------------------------------------------------------------- per-kind math
@@ -232,33 +261,60 @@ def conv_patches(x, kernel_size: Pair, stride: Pair, dilation: Pair, pad_mode: s
     """
     x = ops.cast(x, _F32)
     batch, channels, height, width = x.shape
-    kh, kw = kernel_size
-    sh, sw = stride
+    pad, im2col_pads, crop, positions = patch_plan(height, width, kernel_size, stride, dilation, pad_mode, padding)
+    if pad is not None:
+        x = ops.pad(x, pad)
+    if im2col_pads is None:  # a 1x1 kernel: the (strided) input itself
+        if crop is not None:
+            x = x[:, :, 0:crop[0]:stride[0], 0:crop[1]:stride[1]]
+        return ops.reshape(x, (batch, channels, positions))
+    cols = ops.Im2Col(ksizes=kernel_size, strides=stride, dilations=dilation, pads=im2col_pads)(x)  # (B, C, kh*kw, T)
+    return ops.reshape(cols, (batch, channels * kernel_size[0] * kernel_size[1], positions))
+
+
+@constexpr
+def patch_plan(height: int, width: int, kernel_size: Pair, stride: Pair, dilation: Pair, pad_mode: str, padding):
+    """How :func:`conv_patches` cuts an input of ``height x width``: ``(pad, im2col_pads, crop, positions)``.
+
+    ``pad``: the ``(left, right, top, bottom)`` for ``ops.pad`` first, or None (a 1x1 kernel's padding;
+    an asymmetric padding before ``Im2Col``, which pads symmetrically); ``im2col_pads``: ``Im2Col``'s
+    ``(top, left)``, None for a 1x1 kernel; ``crop``: for a 1x1 kernel whose output is not the (padded)
+    input, the ends ``(h, w)`` of the strided slice, else None; ``positions = Ho * Wo``.
+    """
     top, bottom, left, right, out_h, out_w = conv_output_geometry(height, width, kernel_size, stride, dilation,
                                                                   pad_mode, padding)
-    if kh * kw == 1:
-        if top + bottom + left + right > 0:
-            x = ops.pad(x, (left, right, top, bottom))
-        if (sh, sw) != (1, 1) or (x.shape[2], x.shape[3]) != (out_h, out_w):
-            x = x[:, :, 0:(out_h - 1) * sh + 1:sh, 0:(out_w - 1) * sw + 1:sw]
-        return ops.reshape(x, (batch, channels, out_h * out_w))
-    pads = (top, left)
-    if top != bottom or left != right:
-        x = ops.pad(x, (left, right, top, bottom))
-        pads = (0, 0)
-    cols = ops.Im2Col(ksizes=kernel_size, strides=stride, dilations=dilation, pads=pads)(x)  # (B, C, kh*kw, T)
-    return ops.reshape(cols, (batch, channels * kh * kw, out_h * out_w))
+    pad = (left, right, top, bottom) if top + bottom + left + right > 0 else None
+    crop = None
+    if kernel_size[0] * kernel_size[1] == 1:
+        im2col_pads = None
+        shape = (height + top + bottom, width + left + right)
+        if tuple(stride) != (1, 1) or shape != (out_h, out_w):
+            crop = ((out_h - 1) * stride[0] + 1, (out_w - 1) * stride[1] + 1)
+    elif top != bottom or left != right:
+        im2col_pads = (0, 0)
+    else:
+        im2col_pads, pad = (top, left), None
+    return pad, im2col_pads, crop, out_h * out_w
 
 
 #: Largest patch matrix (bytes) a conv tap builds at once; a larger one is built in batch chunks.
 PATCH_CHUNK_BYTES = 64 * 2 ** 20
 
 
+@constexpr
 def patch_chunk_size(batch: int, patch_bytes: int) -> int:
-    """Samples per chunk so that each chunk's patches fit ``PATCH_CHUNK_BYTES`` (``batch``: one chunk).
-    (Integer arithmetic only: GRAPH_MODE parses it.)"""
+    """Samples per chunk so that each chunk's patches fit ``PATCH_CHUNK_BYTES`` (``batch``: one chunk)."""
     chunks = (patch_bytes + PATCH_CHUNK_BYTES - 1) // PATCH_CHUNK_BYTES
     return (batch + chunks - 1) // chunks
+
+
+@constexpr
+def conv_a_plan(shape, kernel_size: Pair, stride: Pair, dilation: Pair, pad_mode: str, padding) -> Tuple[float, int]:
+    """``(1 / (B * Ho * Wo), samples per chunk)`` of :func:`conv_a` for an NCHW input of ``shape``."""
+    batch, channels, height, width = shape
+    positions = patch_plan(height, width, kernel_size, stride, dilation, pad_mode, padding)[3]
+    patch_bytes = 4 * batch * channels * kernel_size[0] * kernel_size[1] * positions
+    return 1.0 / (batch * positions), patch_chunk_size(batch, patch_bytes)
 
 
 def conv_a(x, kernel_size: Pair, stride: Pair, dilation: Pair, pad_mode: str, padding,
@@ -270,11 +326,8 @@ def conv_a(x, kernel_size: Pair, stride: Pair, dilation: Pair, pad_mode: str, pa
     ``patch_chunk_size`` samples whose grams are summed; each chunk starts after the previous one's
     gram is added, so only one chunk's patches exist at a time.
     """
-    batch, channels = x.shape[0], x.shape[1]
-    geometry = conv_output_geometry(x.shape[2], x.shape[3], kernel_size, stride, dilation, pad_mode, padding)
-    positions = geometry[4] * geometry[5]
-    factor = 1.0 / (batch * positions)
-    size = patch_chunk_size(batch, 4 * batch * channels * kernel_size[0] * kernel_size[1] * positions)
+    batch = x.shape[0]
+    factor, size = conv_a_plan(x.shape, kernel_size, stride, dilation, pad_mode, padding)
     if size >= batch:
         return batch_gram(conv_patches(x, kernel_size, stride, dilation, pad_mode, padding), factor, block_size)
     total = batch_gram(conv_patches(x[0:size], kernel_size, stride, dilation, pad_mode, padding), factor, block_size)
