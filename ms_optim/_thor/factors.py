@@ -63,9 +63,9 @@ The backward-pass taps that call these functions are in ``taps.py``.
 Shape planning. The helpers that only compute numbers from static shapes
 (:func:`conv_output_geometry`, :func:`factor_blocks`, :func:`gram_plan`, :func:`patch_plan`,
 :func:`conv_a_plan`) are ``constexpr``: GRAPH_MODE runs them in Python and puts their result in the
-graph as one constant. Parsed into the graph, their arithmetic and branches
-became graph nodes at every call site of every layer, which kept ResNet-50's compiled THOR step
-about 0.25 GiB larger; called from Python they are plain functions.
+graph as one constant. Parsed into the graph, their arithmetic and branches became graph nodes at
+every call site of every layer, which kept ResNet-50's compiled THOR step about 0.25 GiB larger;
+called from Python they are plain functions.
 """
 from __future__ import annotations
 
