@@ -16,7 +16,8 @@ import sys
 import time
 from typing import Any, Callable, Dict, Iterable, Mapping, Optional, Sequence
 
-__all__ = ["sync", "interleaved_medians", "copy_floor", "machine_info", "write_json", "bar_plot", "RESULTS_DIR"]
+__all__ = ["sync", "set_thor_state", "interleaved_medians", "copy_floor", "machine_info", "write_json", "bar_plot",
+           "RESULTS_DIR"]
 
 RESULTS_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
 
@@ -31,6 +32,27 @@ def sync() -> None:
             ms.runtime.synchronize()
     except (ImportError, AttributeError):  # pragma: no cover - older MindSpore
         pass
+
+
+def set_thor_state(opt, step: int, flags: Optional[bool] = None) -> None:
+    """Put a THOR optimizer (``ms_optim.nn.thor``) in the state of training step ``step`` before a timed
+    call: its ``global_step`` and every layer's ``thor_flag`` (``flags``; default what ``step`` implies,
+    ``step % frequency == 0``). Pairs that never occur in training time the THOR step's parts:
+    ``(0, False)`` inverts the stored factors without collecting new ones, ``(1, True)`` collects without
+    inverting.
+
+    Both are written in place with new tensors (``ops.assign``). ``Parameter.set_data(t)`` may alias
+    ``t``, and the step's own writes (``global_step += 1``, the next step's flags) then change ``t``
+    itself: a "step 0" or "flags on" tensor shared between calls would silently turn every later
+    THOR-step call into a non-THOR one.
+    """
+    import mindspore as ms
+    import numpy as np
+
+    ms.ops.assign(opt.global_step, ms.Tensor(np.array([step], np.int32)))
+    value = step % opt.frequency == 0 if flags is None else bool(flags)
+    for flag in opt.thor_flags:
+        ms.ops.assign(flag, ms.Tensor(value))
 
 
 def interleaved_medians(candidates: Mapping[str, Callable[[], Any]], repeats: int = 30, warmup: int = 3,

@@ -44,7 +44,14 @@ if not __package__:
         del sys.path[0]
     sys.path.insert(0, os.path.dirname(_HERE))
 
-from benchmarks._common import RESULTS_DIR, bar_plot, interleaved_medians, save_figure, write_json  # noqa: E402
+from benchmarks._common import (  # noqa: E402
+    RESULTS_DIR,
+    bar_plot,
+    interleaved_medians,
+    save_figure,
+    set_thor_state,
+    write_json,
+)  # noqa: E402
 
 TARGETS = {"non_thor_vs_momentum": 1.15, "amortised_f100_vs_momentum": 1.3, "tta_thor_vs_best_momentum": 0.7}
 MOMENTUM_LRS = (0.01, 0.03, 0.1, 0.3)
@@ -76,7 +83,6 @@ def step_benchmark(net_name: str, batch: int, repeats: int, warmup: int, stem: s
     import numpy as np
     from mindspore import Tensor, nn
 
-    from ms_optim._thor.layers import ThorLayer
     from ms_optim.nn import thor
 
     ms.set_context(mode=ms.GRAPH_MODE, device_target="CPU")
@@ -99,15 +105,9 @@ def step_benchmark(net_name: str, batch: int, repeats: int, warmup: int, stem: s
                weight_decay=1e-4, batch_size=batch, frequency=100)
     loss_net = nn.WithLossCell(net, loss_fn())
     thor_step = nn.TrainOneStepCell(loss_net, opt)
-    layers = [c for _, c in net.cells_and_names() if isinstance(c, ThorLayer)]
-    on, off = Tensor(True), Tensor(False)
 
     def state(step: int, flags: bool):
-        def prepare():
-            opt.global_step.set_data(Tensor(np.array([step], np.int32)))
-            for layer in layers:
-                layer.thor_flag.set_data(on if flags else off)
-        return prepare
+        return lambda: set_thor_state(opt, step, flags)
 
     mom_step.set_train(True)
     thor_step.set_train(True)
@@ -127,7 +127,7 @@ def step_benchmark(net_name: str, batch: int, repeats: int, warmup: int, stem: s
     inversion = med["invert_only"] - med["non_thor"]
     return {
         "net": net_name, "batch": batch, "input": list(shape), "stem": stem if net_name == "resnet18" else None,
-        "thor_layers": len(layers), "repeats": repeats, "timings_ms": timings,
+        "thor_layers": opt.num_layers, "repeats": repeats, "timings_ms": timings,
         "non_thor_vs_momentum": med["non_thor"] / med["momentum"],
         "amortised_f100_ms": amortised,
         "amortised_f100_vs_momentum": amortised / med["momentum"],

@@ -43,7 +43,7 @@ if not __package__:
         del sys.path[0]
     sys.path.insert(0, os.path.dirname(_HERE))
 
-from benchmarks._common import RESULTS_DIR, bar_plot, interleaved_medians, write_json  # noqa: E402
+from benchmarks._common import RESULTS_DIR, bar_plot, interleaved_medians, set_thor_state, write_json  # noqa: E402
 
 CANDIDATES = ("unshared_thor", "shared_thor", "unshared_non_thor", "shared_non_thor")
 COMM = ("factor_allreduce", "inverse_share")  # the communication alone, on zeros of the real shapes
@@ -66,7 +66,6 @@ def worker(args) -> None:
     ms.set_auto_parallel_context(parallel_mode=ms.ParallelMode.DATA_PARALLEL, gradients_mean=True)
 
     from model_zoo.resnet.src.resnet import resnet18
-    from ms_optim._thor.layers import ThorLayer
     from ms_optim.nn import thor
 
     ms.set_seed(0)
@@ -76,7 +75,7 @@ def worker(args) -> None:
     x = Tensor(rng.normal(size=(args.batch, 3, args.image, args.image)).astype(np.float32))
     y = Tensor(rng.integers(0, 10, size=(args.batch,)).astype(np.int32))
     steps = 1 << 20
-    cells, opts, layers = {}, {}, {}
+    cells, opts = {}, {}
     for shared in (False, True):
         net = resnet18(class_num=10, width=args.width)
         for p in net.get_parameters():
@@ -88,15 +87,9 @@ def worker(args) -> None:
         key = "shared" if shared else "unshared"
         cells[key] = nn.TrainOneStepCell(nn.WithLossCell(net, loss), opt).set_train()
         opts[key] = opt
-        layers[key] = [c for _, c in net.cells_and_names() if isinstance(c, ThorLayer)]
-    on, off = Tensor(True), Tensor(False)
 
     def state(key: str, step: int, flags: bool):
-        def prepare():
-            opts[key].global_step.set_data(Tensor(np.array([step], np.int32)))
-            for layer in layers[key]:
-                layer.thor_flag.set_data(on if flags else off)
-        return prepare
+        return lambda: set_thor_state(opts[key], step, flags)
 
     candidates, prepare = {}, {}
     for name in CANDIDATES:

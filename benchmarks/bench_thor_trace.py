@@ -35,31 +35,52 @@ if not __package__:
         del sys.path[0]
     sys.path.insert(0, os.path.dirname(_HERE))
 
-from benchmarks._common import RESULTS_DIR, interleaved_medians, save_figure, write_json  # noqa: E402
+from benchmarks._common import RESULTS_DIR, interleaved_medians, save_figure, set_thor_state, write_json  # noqa: E402
 
 GOAL = {"inversions_trace_vs_fixed": 0.5, "tta_trace_vs_fixed": 1.0}
 LR, LR_POWER, DAMPING, WEIGHT_DECAY, BATCH = 0.1, 2.0, 0.01, 1e-4, 32
 
 
+def build_net(name: str, width: int):
+    """``(net, input shape)``: LeNet5 on 1x32x32, or model_zoo's ResNet-18 (ImageNet stem, 10 classes, first
+    stage ``width`` channels) on 3x32x32 (the grey digit repeated over the three channels)."""
+    if name == "lenet":
+        from model_zoo.lenet.lenet import LeNet5
+
+        return LeNet5(), (1, 32, 32)
+    from model_zoo.resnet.src.resnet import resnet18
+
+    return resnet18(class_num=10, width=width), (3, 32, 32)
+
+
+def net_data(name: str, data):
+    """The digits arrays in the net's input layout (three channels for ResNet-18)."""
+    import numpy as np
+
+    if name == "lenet":
+        return data
+    x_tr, y_tr, x_te, y_te = data
+    return np.repeat(x_tr, 3, axis=1), y_tr, np.repeat(x_te, 3, axis=1), y_te
+
+
 def train_run(frequency: int, thresholds, epochs: int, eval_every: int, target: float, seed: int,
-              data) -> Dict:
+              data, net_name: str = "lenet", width: int = 16, inverse: str = "blocked") -> Dict:
     """One THOR run (fixed schedule when ``thresholds`` is None); see the module docstring."""
     import mindspore as ms
     import numpy as np
     from mindspore import Tensor, nn
 
-    from model_zoo.lenet.lenet import LeNet5
     from model_zoo.lenet.train import thor_lr_schedule
     from ms_optim.nn import thor
 
-    x_tr, y_tr, x_te, y_te = data
+    x_tr, y_tr, x_te, y_te = net_data(net_name, data)
     steps_per_epoch = len(y_tr) // BATCH
     total = epochs * steps_per_epoch
     ms.set_seed(seed)
-    net = LeNet5()
+    net, _ = build_net(net_name, width)
     opt = thor(net, Tensor(thor_lr_schedule(LR, LR_POWER, total)), Tensor(np.full((total,), DAMPING, np.float32)),
                0.9, weight_decay=WEIGHT_DECAY, batch_size=BATCH, frequency=frequency, enable_clip_grad=True,
-               trace_thresholds=thresholds)
+               inverse=inverse, trace_thresholds=thresholds)
     loss = nn.SoftmaxCrossEntropyWithLogits(sparse=True, reduction="mean")
     cell = nn.TrainOneStepCell(nn.WithLossCell(net, loss), opt).set_train()
     x_test = Tensor(x_te)
@@ -110,7 +131,8 @@ def train_run(frequency: int, thresholds, epochs: int, eval_every: int, target: 
             break
     per_layer = (opt.trace.inversion_counts().tolist() if opt.trace is not None
                  else [-(-step // frequency)] * layers)
-    return {"schedule": "fixed" if thresholds is None else "trace", "frequency": frequency, "seed": seed,
+    return {"net": net_name, "width": width if net_name == "resnet18" else None, "inverse": inverse,
+            "schedule": "fixed" if thresholds is None else "trace", "frequency": frequency, "seed": seed,
             "trace_thresholds": None if thresholds is None else list(thresholds), "layers": layers,
             "steps": step, "thor_steps": -(-step // frequency), "inversions": inversions(),
             "inversions_per_layer": per_layer,
@@ -121,7 +143,7 @@ def train_run(frequency: int, thresholds, epochs: int, eval_every: int, target: 
             "per_epoch": per_epoch, "history": history}
 
 
-def thor_step_times(net_name: str, repeats: int, warmup: int) -> Dict:
+def thor_step_times(net_name: str, repeats: int, warmup: int, width: int = 16, inverse: str = "blocked") -> Dict:
     """Median time of one THOR step (global_step 0, flags on) of three optimizers on the same net and batch:
     the fixed schedule, the trace rule refreshing every layer (thresholds 0) and refreshing none
     (thresholds 1e30, after its first step): what a skipped inversion saves and what the decision costs."""
@@ -136,35 +158,30 @@ def thor_step_times(net_name: str, repeats: int, warmup: int) -> Dict:
     cells, opts = {}, {}
     for label, th in (("fixed", None), ("trace_all_refresh", 0.0), ("trace_none_refresh", 1e30)):
         ms.set_seed(0)
-        if net_name == "lenet":
-            from model_zoo.lenet.lenet import LeNet5
-
-            net, shape = LeNet5(), (1, 32, 32)
-        else:
-            from model_zoo.resnet.src.resnet import resnet18
-
-            net, shape = resnet18(class_num=10), (3, 32, 32)
+        net, shape = build_net(net_name, width)
         opt = thor(net, Tensor(np.float32(0.01)), Tensor(np.float32(0.03)), 0.9, batch_size=BATCH, frequency=10**6,
-                   trace_thresholds=th)
+                   inverse=inverse, trace_thresholds=th)
         loss = nn.SoftmaxCrossEntropyWithLogits(sparse=True, reduction="mean")
         cells[label] = nn.TrainOneStepCell(nn.WithLossCell(net, loss), opt).set_train()
         opts[label] = opt
     x = Tensor(rng.normal(size=(BATCH,) + shape).astype(np.float32))
     y = Tensor(rng.integers(0, 10, size=(BATCH,)).astype(np.int32))
-    zero = Tensor(np.array([0], np.int32))
 
     def prepare(label):
-        def run():
-            opts[label].global_step.set_data(zero)
-            opts[label].sync_thor_flags()
-        return run
+        return lambda: set_thor_state(opts[label], 0)
 
     timings = interleaved_medians({k: (lambda c=c: c(x, y).asnumpy()) for k, c in cells.items()},
                                   repeats=repeats, warmup=warmup, prepare={k: prepare(k) for k in cells})
     med = {k: v["median_ms"] for k, v in timings.items()}
     none = opts["trace_none_refresh"].trace.inversion_counts().tolist()
-    return {"net": net_name, "layers": opts["fixed"].num_layers, "repeats": repeats, "timings_ms": timings,
-            "none_refresh_inversions_per_layer": none,
+    every = opts["trace_all_refresh"].trace.inversion_counts().tolist()
+    calls = warmup + repeats
+    if none != [1] * len(none) or every != [calls] * len(every):  # each timed call must be a THOR step
+        raise RuntimeError(f"the timed calls were not the THOR steps intended: inversions per layer {every} "
+                           f"(refresh all, {calls} calls) and {none} (refresh none, 1 expected)")
+    return {"net": net_name, "width": width if net_name == "resnet18" else None, "inverse": inverse,
+            "layers": opts["fixed"].num_layers, "repeats": repeats, "timings_ms": timings,
+            "none_refresh_inversions_per_layer": none, "all_refresh_inversions_per_layer": every,
             "all_refresh_vs_fixed": med["trace_all_refresh"] / med["fixed"],
             "none_refresh_vs_fixed": med["trace_none_refresh"] / med["fixed"]}
 
@@ -173,7 +190,7 @@ def _ratio(a, b):
     return None if a is None or b in (None, 0) else a / b
 
 
-def plot(runs: List[Dict], path: str, target: float) -> None:
+def plot(runs: List[Dict], path: str, target: float, title: str) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -191,7 +208,7 @@ def plot(runs: List[Dict], path: str, target: float) -> None:
     ax.set_ylim(0, 1)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8, loc="lower right")
-    ax.set_title("LeNet5 on digits, CPU: accuracy vs time", fontsize=10)
+    ax.set_title(title, fontsize=10)
     labels = [f"f={r['frequency']} s{r['seed']}\n{r['schedule']}" for r in runs]
     bars = bx.bar(range(len(runs)), [r["inversions"] for r in runs],
                   color=["#4C72B0" if r["schedule"] == "fixed" else "#DD8452" for r in runs])
@@ -216,6 +233,9 @@ def main(argv: Optional[List[str]] = None) -> int:
     parser.add_argument("--eval-every", type=int, default=11, help="steps between accuracy measurements")
     parser.add_argument("--target", type=float, default=0.97)
     parser.add_argument("--seeds", type=int, nargs="+", default=[1], help="initial weights and batch order")
+    parser.add_argument("--net", choices=("lenet", "resnet18"), default="lenet", help="net of the training runs")
+    parser.add_argument("--width", type=int, default=16, help="ResNet-18 first-stage channels (64 = published)")
+    parser.add_argument("--inverse", choices=("blocked", "full"), default="blocked", help="thor(..., inverse=)")
     parser.add_argument("--step-nets", nargs="*", choices=("lenet", "resnet18"), default=None,
                         help="nets for the THOR-step timing (default lenet; none with --quick unless given)")
     parser.add_argument("--repeats", type=int, default=10, help="timing rounds of the THOR-step timing")
@@ -240,7 +260,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     data = load_digits_32(seed=0)
     step_times = []
     for name in (args.step_nets if args.step_nets is not None else ([] if args.quick else ["lenet"])):
-        res = thor_step_times(name, args.repeats, 2)
+        res = thor_step_times(name, args.repeats, 2, args.width, args.inverse)
         med = {k: v["median_ms"] for k, v in res["timings_ms"].items()}
         print(f"THOR step, {name}: fixed {med['fixed']:.1f} ms, trace refreshing all {med['trace_all_refresh']:.1f} ms "
               f"({res['all_refresh_vs_fixed']:.2f}x), refreshing none {med['trace_none_refresh']:.1f} ms "
@@ -250,7 +270,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     for f, seed in [(f, seed) for f in ([] if args.skip_tta else freqs) for seed in args.seeds]:
         pair = []
         for th in (None, thresholds):
-            r = train_run(f, th, epochs, args.eval_every, args.target, seed, data)
+            r = train_run(f, th, epochs, args.eval_every, args.target, seed, data, args.net, args.width, args.inverse)
             hit = r["seconds_to_target"]
             reached = "not reached" if hit is None else f"at {hit:.2f}s / step {r['steps_to_target']}"
             print(f"f={f:<3d} seed {seed} {r['schedule']:5s}: {r['inversions']:4d} inversions in "
@@ -276,9 +296,12 @@ def main(argv: Optional[List[str]] = None) -> int:
         print("  trace/fixed: " + ", ".join(f"{k} {v:.2f}" if isinstance(v, float) else f"{k} {v}"
                                           for k, v in cmp.items() if k not in ("frequency", "seed")), flush=True)
     if runs:
-        plot(runs, os.path.join(args.out, f"{args.name}{suffix}_tta.png"), args.target)
+        title = "LeNet5" if args.net == "lenet" else f"ResNet-18 (width {args.width})"
+        plot(runs, os.path.join(args.out, f"{args.name}{suffix}_tta.png"), args.target,
+             f"{title} on digits, CPU, inverse={args.inverse!r}: accuracy vs time")
     path = write_json(os.path.join(args.out, f"{args.name}{suffix}.json"),
-                      {"quick": args.quick, "goal": GOAL, "epochs_cap": epochs, "target": args.target,
+                      {"quick": args.quick, "net": args.net, "width": args.width, "inverse": args.inverse,
+                       "goal": GOAL, "epochs_cap": epochs, "target": args.target,
                        "trace_thresholds": list(thresholds), "recipe": {"lr": LR, "lr_power": LR_POWER,
                        "damping": DAMPING, "weight_decay": WEIGHT_DECAY, "batch": BATCH, "clip": True},
                        "thor_step_times": step_times, "comparisons": comparisons, "runs": runs})
