@@ -28,7 +28,8 @@ def test_bench_thor_quick_writes_results(tmp_path):
     assert set(step["thor_step_split_ms"]) == {"factor_collection", "inversion", "non_thor_step", "unexplained"}
     assert step["amortised_f100_vs_momentum"] > 0 and step["non_thor_vs_momentum"] > 0
     tta = result["time_to_accuracy"]
-    assert [r["optimizer"] for r in tta["runs"]] == ["thor", "momentum"]
+    assert [(r["optimizer"], r["lr"]) for r in tta["runs"]] == [("thor", 0.1), ("momentum", 0.03)]
+    assert tta["thor_lrs"] == [0.1] and tta["momentum_lrs"] == [0.03]
     assert all(r["history"] for r in tta["runs"])
     assert (tmp_path / "bench_thor_quick_steps.png").stat().st_size > 0
     assert (tmp_path / "bench_thor_quick_tta.png").stat().st_size > 0
