@@ -23,7 +23,7 @@ median and the slowest rank's (the collectives make a step as slow as its slowes
 
     python benchmarks/bench_thor_shared.py           # ResNet-18 width 16, 32x32, batch 8 per rank, 7 rounds
     python benchmarks/bench_thor_shared.py --quick   # width 4, 2 rounds: a smoke run
-Writes ``benchmarks/results/bench_thor_shared[_quick].json`` and ``.png``.
+Writes ``benchmarks/results/<--name>[_quick].json`` and ``.png`` (``--name`` default ``bench_thor_shared``).
 """
 from __future__ import annotations
 
@@ -149,6 +149,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     parser.add_argument("--repeats", type=int, default=None, help="timing rounds (default 7, 2 with --quick)")
     parser.add_argument("--warmup", type=int, default=None, help="untimed calls per candidate (default 1)")
     parser.add_argument("--timeout", type=float, default=3600.0, help="seconds before the msrun job is abandoned")
+    parser.add_argument("--name", default="bench_thor_shared", help="file stem of the JSON and PNG")
     parser.add_argument("--out", default=RESULTS_DIR, help="folder for the JSON and PNG files")
     parser.add_argument("--as-rank", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--partial", default=None, help=argparse.SUPPRESS)
@@ -200,13 +201,13 @@ def main(argv: Optional[List[str]] = None) -> int:
     errors = [[slow[n] - max(r["timings_ms"][n]["p25_ms"] for r in ranks) for n in names],
               [max(r["timings_ms"][n]["p75_ms"] for r in ranks) - slow[n] for n in names]]
     errors = [[max(0.0, e) for e in side] for side in errors]
-    bar_plot(os.path.join(args.out, f"bench_thor_shared{suffix}.png"),
+    bar_plot(os.path.join(args.out, f"{args.name}{suffix}.png"),
              ["THOR step, every rank inverts all", "THOR step, inversions shared", "non-THOR step, unshared",
               "non-THOR step, shared", "factor AllReduce alone", "inverse sharing alone"],
              [slow[n] for n in names], "ms (slowest rank's median)",
              f"ResNet-18 (width {args.width}, {args.image}px, inverse='full'), 2 msrun CPU ranks: "
              f"{summary['thor_step_speedup']:.2f}x", errors=errors)
-    path = write_json(os.path.join(args.out, f"bench_thor_shared{suffix}.json"), payload)
+    path = write_json(os.path.join(args.out, f"{args.name}{suffix}.json"), payload)
     print(f"wrote {path}")
     return 0
 
