@@ -255,7 +255,7 @@ def main(argv: Optional[List[str]] = None) -> int:
             split = res["thor_step_split_ms"]
             print(f"  THOR step = non-THOR step {split['non_thor_step']:.1f} ms + factor collection "
                   f"{split['factor_collection']:.1f} ms + inversion {split['inversion']:.1f} ms "
-                  f"(+ {split['unexplained']:.1f} ms unexplained)", flush=True)
+                  f"{split['unexplained']:+.1f} ms unexplained (the parts overlap)", flush=True)
             payload["steps"].append(res)
         labels, values = [], []
         for res in payload["steps"]:

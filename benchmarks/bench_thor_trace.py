@@ -1,6 +1,8 @@
 """THOR's trace rule against the fixed schedule: inversions, THOR-step time and time to 97% on digits.
 
-LeNet5 on scikit-learn digits (32x32, 20% held out; ``model_zoo/lenet``), GRAPH_MODE on CPU, THOR with
+LeNet5 (``model_zoo/lenet``, default) or model_zoo's ResNet-18 (``--net resnet18``, first stage ``--width``
+channels, the grey digit repeated over three channels; ``--inverse full`` makes inversion most of its THOR
+step) on scikit-learn digits (32x32, 20% held out), GRAPH_MODE on CPU, THOR with
 the model zoo's recipe (lr 0.1 as in ``bench_thor.py``'s recorded run, decayed polynomially (power 2) to
 0 over ``--epochs``, damping 0.01, weight decay 1e-4, per-tensor clipping, batch 32). For every
 ``--frequencies`` f, two runs from the same initial weights over the same batches: the fixed schedule
@@ -18,7 +20,10 @@ to target. Goal: fewer than half the inversions at the same time to accuracy or 
 
     python benchmarks/bench_thor_trace.py            # f = 20 and 5, 6 epochs (a few minutes on 2 cores)
     python benchmarks/bench_thor_trace.py --quick    # smoke run: f = 5, 1 epoch
-Writes ``benchmarks/results/bench_thor_trace[_quick].json`` and ``..._tta.png``.
+    python benchmarks/bench_thor_trace.py --net resnet18 --width 16 --inverse full --frequencies 5 20 \
+        --seeds 1 2 --step-nets resnet18 --repeats 7 --name bench_thor_trace_resnet18   # about 10 minutes
+Writes ``benchmarks/results/<--name>[_quick].json`` and ``<--name>[_quick]_tta.png`` (``--name`` default
+``bench_thor_trace``).
 """
 from __future__ import annotations
 
