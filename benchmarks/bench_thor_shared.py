@@ -10,8 +10,9 @@ so inversion dominates the THOR step). Every round times, in a rotated order, on
 
 * ``unshared_thor`` / ``shared_thor``: a THOR step (factors collected, all-reduced, inverted, shared);
 * ``unshared_non_thor`` / ``shared_non_thor``: a step between THOR steps (stored inverses reused);
-* ``factor_allreduce`` / ``inverse_share``: the communication alone, on zeros of the real shapes: the
-  optimizer's own ``FactorAllReduce`` cells on every A and G (both runs do this), and its
+* ``factor_allreduce`` / ``factor_allreduce_unordered`` / ``inverse_share``: the communication alone,
+  on zeros of the real shapes: the shared optimizer's ``FactorAllReduce`` cells on every A and G (issued
+  strictly in layer order, as sharing requires), the unshared optimizer's (no order imposed), and the
   ``InverseSharing`` AllReduce on every inverse (what sharing adds).
 
 The step state (``global_step`` 0 or 1 and the layers' ``thor_flag``) is set before each call,
@@ -46,7 +47,8 @@ if not __package__:
 from benchmarks._common import RESULTS_DIR, bar_plot, interleaved_medians, set_thor_state, write_json  # noqa: E402
 
 CANDIDATES = ("unshared_thor", "shared_thor", "unshared_non_thor", "shared_non_thor")
-COMM = ("factor_allreduce", "inverse_share")  # the communication alone, on zeros of the real shapes
+# the communication alone, on zeros of the real shapes
+COMM = ("factor_allreduce", "factor_allreduce_unordered", "inverse_share")
 
 
 # ----------------------------------------------------------------------------------------- worker
@@ -103,6 +105,8 @@ def worker(args) -> None:
     g_inv = tuple(ms.ops.zeros_like(p) for p in shared_opt.matrix_g_inv)
     anchor = Tensor(np.zeros((1,), np.float32))
     candidates["factor_allreduce"] = lambda: (shared_opt.reduce_a(a_cov), shared_opt.reduce_g(g_cov))
+    unshared_opt = opts["unshared"]
+    candidates["factor_allreduce_unordered"] = lambda: (unshared_opt.reduce_a(a_cov), unshared_opt.reduce_g(g_cov))
     candidates["inverse_share"] = lambda: shared_opt.sharing(a_inv, g_inv, anchor)
     timings = interleaved_medians(candidates, repeats=args.repeats, warmup=args.warmup, prepare=prepare)
     sharing = opts["shared"].sharing
@@ -190,9 +194,9 @@ def main(argv: Optional[List[str]] = None) -> int:
                "rank_loads": ranks[0]["rank_loads"], **summary, "ranks": ranks}
     slow = summary["slowest_rank_median_ms"]
     for name in CANDIDATES:
-        print(f"  {name:18s} {slow[name]:9.1f} ms (slowest rank's median)")
+        print(f"  {name:26s} {slow[name]:9.1f} ms (slowest rank's median)")
     for name in COMM:
-        print(f"  {name:18s} {slow[name]:9.1f} ms (communication alone)")
+        print(f"  {name:26s} {slow[name]:9.1f} ms (communication alone)")
     print(f"  THOR step: {summary['thor_step_speedup']:.2f}x faster shared; THOR-step overhead "
           f"{summary['thor_step_overhead_ms']['unshared']:.0f} -> {summary['thor_step_overhead_ms']['shared']:.0f} ms; "
           f"ideal inversion speed-up of the assignment {summary['ideal_inversion_speedup']:.2f}x; "
@@ -203,7 +207,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     errors = [[max(0.0, e) for e in side] for side in errors]
     bar_plot(os.path.join(args.out, f"{args.name}{suffix}.png"),
              ["THOR step, every rank inverts all", "THOR step, inversions shared", "non-THOR step, unshared",
-              "non-THOR step, shared", "factor AllReduce alone", "inverse sharing alone"],
+              "non-THOR step, shared", "factor AllReduce alone (ordered)", "factor AllReduce alone (unordered)",
+              "inverse sharing alone"],
              [slow[n] for n in names], "ms (slowest rank's median)",
              f"ResNet-18 (width {args.width}, {args.image}px, inverse='full'), 2 msrun CPU ranks: "
              f"{summary['thor_step_speedup']:.2f}x", errors=errors)

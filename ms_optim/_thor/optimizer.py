@@ -319,6 +319,11 @@ class ThorOptimizer(Optimizer):
         """``distribute_inverses`` on R > 1 ranks: every rank takes the trace decisions (identical on all
         ranks: the factors are all-reduced), inverts the refreshed layers it owns, contributes zeros for
         the others, and ``sharing`` sums the contributions (a kept inverse is contributed as stored)."""
+        # No inversion may start before the last factor reduction: a rank inverting between two
+        # collectives would hold the other ranks at the next one, and the ranks would invert in turn.
+        last_reduced = g_factors[self.num_layers - 1]
+        a_factors = tuple(ops.depend(a, last_reduced) for a in a_factors)
+        g_factors = tuple(ops.depend(g, last_reduced) for g in g_factors)
         new_a, new_g = (), ()
         for i in range(self.num_layers):
             slot = self.slots[i]
