@@ -2,7 +2,8 @@
 
 Both ranks must end with identical parameters, equal (rtol 1e-4) to one process trained on the
 concatenated batch, with ``split_indices=[0]`` (two fusion groups), the default (one group) and
-``trace_thresholds`` (the trace rule's decisions and state agree on both ranks and with one process).
+``trace_thresholds`` (the trace rule's decisions and state agree on both ranks and with one process),
+and a net with an embedding (EmbeddingThor's diagonal A factor).
 This holds because the factors are mean-all-reduced: with the per-device normalisation
 A = a^T a / B and G = B d^T d = (1/B) sum_i g_i g_i^T (d = g/B for the local mean loss), the mean of
 the two ranks' factors is the factor of the 2B-sample batch, as the mean gradient is its gradient.
@@ -22,9 +23,9 @@ import pytest
 HERE = os.path.dirname(os.path.abspath(__file__))
 WORKER = os.path.join(HERE, "worker.py")
 OPTIMIZER = "thor"
-CONFIGS = ("split0", "default", "trace")
+CONFIGS = ("split0", "default", "trace", "embed")
 SHARED = {"shared_split0": "split0", "shared_default": "default",  # shared config -> its unshared twin
-          "shared_trace": "trace"}
+          "shared_trace": "trace", "shared_embed": "embed"}
 META = ("__losses__", "__owners__", "__costs__", "__sharing_fusion__")
 
 pytestmark = [pytest.mark.distributed, pytest.mark.slow]
@@ -68,7 +69,8 @@ def test_ranks_identical_and_equal_to_concatenated_batch(results, tag):
     names = [k for k in single.files if k != "__losses__"]
     assert set(names) == {k for k in rank0.files if k != "__losses__"}
     local_factors = [n for n in names if n.endswith(("matrix_a_cov", "matrix_g_cov"))]
-    assert len(local_factors) == 6, local_factors  # conv, fc1, fc2: A and G each
+    # SmallNet: conv, fc1, fc2; EmbedNet: embedding (diagonal A), fc: A and G each
+    assert len(local_factors) == (4 if tag == "embed" else 6), local_factors
     assert any("inv" in n for n in names), names  # the optimizer's inverses are compared too
     for name in names:
         if name in local_factors:
@@ -126,9 +128,12 @@ def test_each_rank_inverts_only_its_share(results, shared):
     owners = ranks[0]["__owners__"]
     np.testing.assert_array_equal(ranks[1]["__owners__"], owners)  # both ranks computed the same assignment
     costs = [int(c) for c in ranks[0]["__costs__"]]
-    # SmallNet: conv A 18x18 + G 3x3, fc1 A 48x48 + G 5x5, fc2 A 5x5 + G 3x3 (one block each)
-    assert costs == [18 ** 3 + 3 ** 3, 48 ** 3 + 5 ** 3, 5 ** 3 + 3 ** 3]
-    assert tuple(owners) == assign_inversions(costs, 2) == (1, 0, 1)  # LPT: fc1 alone, conv + fc2 together
+    if shared == "shared_embed":  # embedding: diagonal A of 7 (cost 7) + G 4x4; fc A 16x16 + G 3x3
+        assert costs == [7 + 4 ** 3, 16 ** 3 + 3 ** 3]
+        assert tuple(owners) == assign_inversions(costs, 2) == (1, 0)
+    else:  # SmallNet: conv A 18x18 + G 3x3, fc1 A 48x48 + G 5x5, fc2 A 5x5 + G 3x3 (one block each)
+        assert costs == [18 ** 3 + 3 ** 3, 48 ** 3 + 5 ** 3, 5 ** 3 + 3 ** 3]
+        assert tuple(owners) == assign_inversions(costs, 2) == (1, 0, 1)  # LPT: fc1 alone, conv + fc2 together
     single = np.load(results / f"{shared}_single.npz")
     if shared == "shared_trace":  # the inversions the trace rule chose (the same on both ranks and in one process)
         per_layer = np.array([int(ranks[0][f"thor_inversions_{i}"]) for i in range(3)])
@@ -136,7 +141,7 @@ def test_each_rank_inverts_only_its_share(results, shared):
         np.testing.assert_array_equal([int(single[f"thor_inversions_{i}"]) for i in range(3)], per_layer)
         assert per_layer.min() >= 1 and per_layer.sum() < 9, per_layer  # the rule skipped some, not all
     else:
-        per_layer = np.array([3] * 3)  # every layer on steps 0, 2, 4 of 5 at frequency 2
+        per_layer = np.array([3] * len(costs))  # every layer on steps 0, 2, 4 of 5 at frequency 2
     counts = np.stack([r["inversion_count"] for r in ranks])
     for rank in range(2):
         np.testing.assert_array_equal(counts[rank], np.where(owners == rank, per_layer, 0), err_msg=f"rank {rank}")
@@ -144,4 +149,4 @@ def test_each_rank_inverts_only_its_share(results, shared):
     # one device: every layer inverted locally
     np.testing.assert_array_equal(single["inversion_count"], per_layer)
     fusion = ranks[0]["__sharing_fusion__"]  # one fused AllReduce per split_indices group, ids apart from the factors'
-    assert list(fusion) == ([1024, 1025, 1025] if shared == "shared_split0" else [1024, 1024, 1024])
+    assert list(fusion) == ([1024, 1025, 1025] if shared == "shared_split0" else [1024] * len(costs))

@@ -23,14 +23,14 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 sys.path.insert(0, ROOT)
 
 import mindspore as ms  # noqa: E402
-from mindspore import Tensor, nn  # noqa: E402
+from mindspore import Tensor, nn, ops  # noqa: E402
 
 from ms_optim._bridge import prime_numpy_bridge  # noqa: E402
 
 GLOBAL_BATCH = 8
-CONFIGS = {"split0": [0], "default": None, "trace": None}  # split_indices per configuration
+CONFIGS = {"split0": [0], "default": None, "trace": None, "embed": None}  # split_indices per configuration
 # the same with the inversions shared across ranks (distribute_inverses=True)
-SHARED_CONFIGS = {"shared_split0": [0], "shared_default": None, "shared_trace": None}
+SHARED_CONFIGS = {"shared_split0": [0], "shared_default": None, "shared_trace": None, "shared_embed": None}
 # trace_thresholds per configuration (decided from the all-reduced factors)
 TRACE = {"trace": (0.5, 0.2), "shared_trace": (0.5, 0.2)}
 
@@ -51,6 +51,24 @@ class SmallNet(nn.Cell):
         return self.fc2(self.relu(self.fc1(x)))
 
 
+class EmbedNet(nn.Cell):
+    """Embedding(7 -> 4) of token ids read off the input (|x[:, 0, 0, :]| * 3, floored, mod 7) -> flatten ->
+    Dense(16 -> 3): THOR's EmbeddingThor (diagonal A) beside a dense layer."""
+
+    def __init__(self):
+        super().__init__()
+        self.embed = nn.Embedding(7, 4)
+        self.flatten = nn.Flatten()
+        self.fc = nn.Dense(4 * 4, 3, weight_init="normal")
+
+    def construct(self, x):
+        ids = ops.cast(ops.floor(ops.abs(x[:, 0, 0, :]) * 3.0), ms.int32) % 7
+        return self.fc(self.flatten(self.embed(ids)))
+
+
+NETS = {"embed": EmbedNet, "shared_embed": EmbedNet}  # the net per configuration (default SmallNet)
+
+
 def global_batches(steps: int):
     rng = np.random.default_rng(7)
     xs = rng.normal(size=(steps, GLOBAL_BATCH, 2, 4, 4)).astype(np.float32)
@@ -59,9 +77,9 @@ def global_batches(steps: int):
 
 
 def build(optimizer: str, split_indices, batch_size: int, distribute_inverses: bool = False,
-          trace_thresholds=None):
+          trace_thresholds=None, net_class=SmallNet):
     ms.set_seed(0)
-    net = SmallNet()
+    net = net_class()
     if optimizer == "thor":
         from ms_optim.nn import thor
 
@@ -97,7 +115,7 @@ def main() -> None:
     configs = dict(CONFIGS, **(SHARED_CONFIGS if args.optimizer == "thor" else {}))
     for tag, split in configs.items():
         net, train = build(args.optimizer, split, local, distribute_inverses=tag in SHARED_CONFIGS,
-                           trace_thresholds=TRACE.get(tag))
+                           trace_thresholds=TRACE.get(tag), net_class=NETS.get(tag, SmallNet))
         losses = []
         for s in range(args.steps):
             x = xs[s, rank * local:(rank + 1) * local]
