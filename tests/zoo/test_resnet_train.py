@@ -7,7 +7,10 @@ CPU workers ending with identical checkpoints.
 Training runs use ResNet-18 at width 4 on 16x16 crops, batch 4, a few steps: the code paths are the
 real ones, the sizes keep the module short. Every THOR run here builds the same network graph (CIFAR
 stem, 10 classes, also for the ImageFolder data), and the runs share MindSpore's compile cache
-(MS_COMPILER_CACHE_*), so the THOR graph is compiled once, not once per process.
+(MS_COMPILER_CACHE_*), so the THOR graph is compiled once, not once per process. The one run with other
+THOR options (inverse, trace rule, shared inversions) builds another graph and must not read that
+cache: MindSpore does not see the options in its cache key and replays the stale graph (it failed
+with "For 'Assign', memcpy size must be less than or equal to max size").
 """
 from __future__ import annotations
 
@@ -45,7 +48,7 @@ def data(tmp_path_factory):
 def _run(cmd, cwd, env=None, timeout=300):
     cache = {"MS_COMPILER_CACHE_ENABLE": "1", "MS_COMPILER_CACHE_PATH": _CACHE["path"]} if _CACHE else {}
     proc = subprocess.run(cmd, cwd=str(cwd), capture_output=True, text=True, timeout=timeout,
-                          env=dict(os.environ, PYTHON=sys.executable, **cache, **(env or {})))
+                          env=dict(os.environ, PYTHON=sys.executable, **{**cache, **(env or {})}))
     assert proc.returncode == 0, f"{cmd}\n--- stdout\n{proc.stdout[-3000:]}\n--- stderr\n{proc.stderr[-3000:]}"
     return proc.stdout
 
@@ -176,14 +179,17 @@ def test_launch_scripts_thor_imagefolder_and_momentum_cifar(tmp_path, data):
 
 @pytest.mark.slow
 @pytest.mark.distributed
-def test_cpu_msrun_two_workers_thor(tmp_path, data):
-    """run_distribute_train_cpu.sh 2: ResNet-18 THOR, 2 msrun workers on 127.0.0.1, a few steps."""
+@pytest.mark.parametrize("extra", [[], ["--distribute_inverses=true", "--inverse=full", "--trace_omega_1=10",
+                                          "--trace_omega_2=0.95"]], ids=["fixed", "shared_trace"])
+def test_cpu_msrun_two_workers_thor(tmp_path, data, extra):
+    """run_distribute_train_cpu.sh 2: ResNet-18 THOR, 2 msrun workers on 127.0.0.1, a few steps; also with
+    the config keys of "Beyond MindSpore's THOR" (inversions shared across the ranks, the trace rule)."""
     if shutil.which("msrun") is None:
         pytest.fail("msrun (installed with MindSpore) is not on PATH")
     run_dir = tmp_path / "run"
     _run(["bash", os.path.join(SCRIPTS, "run_distribute_train_cpu.sh"), "2", data["cifar"], THOR_CIFAR, "--",
-          *TINY, *THOR_ARGS, "--epoch_size=1", "--steps_per_epoch=3"], tmp_path,
-         env={"RUN_DIR": str(run_dir)}, timeout=400)
+          *TINY, *THOR_ARGS, "--epoch_size=1", "--steps_per_epoch=3", *extra], tmp_path,
+         env={"RUN_DIR": str(run_dir), **({"MS_COMPILER_CACHE_ENABLE": "0"} if extra else {})}, timeout=400)
     logs = sorted(os.path.basename(p) for p in glob.glob(str(run_dir / "log" / "worker_*.log")))
     assert logs == ["worker_0.log", "worker_1.log"]
     for rank in (0, 1):
@@ -191,6 +197,11 @@ def test_cpu_msrun_two_workers_thor(tmp_path, data):
         assert f"[rank {rank}/2]" in text and "epoch 1/1 done: 3 steps" in text
     rank0 = _ckpt(run_dir / "output" / "ckpt_0" / "resnet18-1_3.ckpt")
     rank1 = _ckpt(run_dir / "output" / "ckpt_1" / "resnet18-1_3.ckpt")
+    if extra:  # one THOR step (step 0 of 3 at frequency 3): every layer inverted once, by exactly one rank
+        counts = np.stack([rank0.pop("inversion_count"), rank1.pop("inversion_count")])
+        np.testing.assert_array_equal(counts.sum(axis=0), np.ones(21))
+        assert counts[0].sum() > 0 and counts[1].sum() > 0, counts
+        assert [int(rank0[f"thor_inversions_{i}"]) for i in range(21)] == [1] * 21  # the trace rule's count
     _assert_same_state(rank0, rank1)
     assert int(rank0["global_step"].reshape(-1)[0]) == 3
 

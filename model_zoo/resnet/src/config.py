@@ -77,6 +77,15 @@ SCHEMA: Dict[str, Key] = {
     "factor_convention": Key("str", "auto", "THOR: normalisation of the factors and damping: 'gpu'/'ascend' "
                              "(MindSpore's on that device), 'kfc', or 'auto' (by device; kfc on CPU)",
                              ("auto", "gpu", "ascend", "kfc")),
+    "inverse": Key("str", "blocked", "THOR: 'blocked' (128-wide diagonal blocks of each factor, MindSpore's) or "
+                   "'full' (whole-matrix inverses)", ("blocked", "full")),
+    "trace_omega_1": Key("float", 0.0, "THOR's trace rule: re-invert a layer whose factors' trace changed by at "
+                         "least this fraction; 0 with trace_omega_2 0 = the fixed schedule (trace_thresholds=None)",
+                         minimum=0.0),
+    "trace_omega_2": Key("float", 0.0, "THOR's trace rule: ... or by at least this fraction once its interval "
+                         "(doubling) has passed; <= trace_omega_1", minimum=0.0),
+    "distribute_inverses": Key("bool", False, "THOR, data parallel: each layer inverted by one rank, the inverses "
+                               "shared (pays where inversion dominates, e.g. inverse 'full')"),
     # Momentum schedule
     "lr_schedule": Key("str", "cosine", "Momentum: 'cosine', 'linear' or 'poly' decay after warmup",
                        ("cosine", "linear", "poly")),

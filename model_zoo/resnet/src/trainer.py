@@ -84,6 +84,12 @@ def _steps_per_epoch(config, data_path, rank, size) -> int:
     return min(available, config["steps_per_epoch"]) if config["steps_per_epoch"] else available
 
 
+def trace_thresholds(config: Dict[str, Any]):
+    """``thor``'s ``trace_thresholds`` from the config: None (the fixed schedule) when both omegas are 0."""
+    omegas = (config["trace_omega_1"], config["trace_omega_2"])
+    return None if omegas == (0.0, 0.0) else omegas
+
+
 def _build_optimizer(config, net, steps_per_epoch):
     """THOR through ms_optim's public API exactly as the model zoo calls it, or Momentum."""
     if config["optimizer"] == "thor":
@@ -94,7 +100,9 @@ def _build_optimizer(config, net, steps_per_epoch):
             opt = thor_nn.thor(net, Tensor(lr), Tensor(damping), config["momentum"], config["weight_decay"],
                                config["loss_scale"], config["batch_size"],
                                split_indices=config["split_indices"], frequency=config["frequency"],
-                               factor_convention=config["factor_convention"])
+                               factor_convention=config["factor_convention"], inverse=config["inverse"],
+                               trace_thresholds=trace_thresholds(config),
+                               distribute_inverses=config["distribute_inverses"])
         except (TypeError, ValueError) as exc:  # a config value THOR refuses: report it as input error
             raise ConfigError(f"THOR refused the config: {exc}") from None
         return opt, lr
