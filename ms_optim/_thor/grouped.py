@@ -1,0 +1,173 @@
+r"""All of a THOR step's damped inversions as one batched inversion per block width.
+
+Each layer's factors are stored as square diagonal blocks (``factors.stored_shape``): ``(n, n)`` when
+``n <= bs``, else ``(nblocks, bs, bs)``. Blocks of the same width ``w`` -- of any layer, A or G --
+are independent ``w x w`` problems, so a THOR step concatenates them into one ``(total, w, w)``
+tensor per width and inverts it with one ``MatrixInverse``. A ResNet with the default blocks of 128
+has a handful of widths (128 and the small factors' own sizes) whatever its depth, so the inversion
+part of the compiled graph no longer holds a branch per layer. The per-factor work that is left
+(read, slice, store) is written as ``hyper_map`` over tuples: GRAPH_MODE specialises one small graph
+per element instead of unrolling a loop that grows a tuple, which compiled about 5x slower.
+
+The numbers are those of ``slot.invert_layer``, block for block (``u = 1 / factor_loss_scale**2``):
+
+.. code-block:: text
+
+    F_k   = u * (stored block k)  if it belongs to a G, else the stored block
+    F_k   <- mean over data-parallel ranks of F_k            (one all-reduce per group; none on one device)
+    D_k   = F_k + (sqrt(d) + p_k) * I        p_k = 1 on the zero padding of a layer's last block, else 0
+    X_k   = D_k^-1                            (one MatrixInverse of the concatenated blocks)
+    bad_k = not finite(sum |D_k X_k - I|) or max |D_k X_k - I| > INVERSE_TOLERANCE
+    ok_m  = no bad_k among the blocks of factor m       (UnsortedSegmentMax over the blocks)
+    new_m = X (blocks of m)  if ok_m  else the stored inverse of m
+
+An embedding's diagonal A stays per layer (``1 / (a + sqrt(d))``, kept where not finite). Used
+when every layer is inverted on every THOR step (no ``trace_thresholds``, no ``distribute_inverses``);
+the trace rule and inverse sharing decide per layer and keep ``slot.invert_layer``.
+"""
+from __future__ import annotations
+
+from typing import Dict, List, Sequence, Tuple
+
+import mindspore.common.dtype as mstype
+import numpy as np
+from mindspore import ParameterTuple, Tensor, nn, ops
+from mindspore.ops import composite as C
+from mindspore.ops import functional as F
+
+from ms_optim._thor import preconditioner as pc
+from ms_optim._thor.parallel import data_parallel_group_size
+
+__all__ = ["GroupedInversion"]
+
+_read_blocks = C.MultitypeFuncGraph("thor_read_blocks")
+_store_blocks = C.MultitypeFuncGraph("thor_store_blocks")
+_store_diagonal = C.MultitypeFuncGraph("thor_store_diagonal")
+_mean_over_ranks = C.MultitypeFuncGraph("thor_mean_over_ranks")
+
+
+@_mean_over_ranks.register("Function", "Number", "Tensor", "Tensor")
+def _mean_over_ranks_tensor(allreduce, mean, anchor, factor):
+    """The mean over the data-parallel ranks of a factor read after ``anchor``."""
+    return allreduce(ops.depend(factor, anchor)) * mean
+
+
+@_read_blocks.register("Tensor", "Tuple", "Tensor")
+def _read_blocks_tensor(anchor, shape, factor):
+    """A stored factor, read after ``anchor``, as ``(nblocks, w, w)`` float32 blocks."""
+    return ops.reshape(ops.cast(ops.depend(factor, anchor), mstype.float32), shape)
+
+
+@_store_blocks.register("Tensor", "Tuple", "Tensor")
+def _store_blocks_tensor(chosen, span, inverse):
+    """Write blocks ``span = (start, stop)`` of the group's accepted inverses into one stored inverse."""
+    return ops.assign(inverse, chosen[span[0]:span[1]])
+
+
+@_store_diagonal.register("Tensor", "Tensor", "Tensor", "Tensor")
+def _store_diagonal_tensor(anchor, lam, factor, inverse):
+    """An embedding's diagonal A (read after ``anchor``): ``1 / (a + lam)``, stored where finite (else the
+    stored one is kept)."""
+    new = pc.damped_diagonal_inverse(ops.depend(factor, anchor), lam)
+    return ops.assign(inverse, pc.keep_if(ops.all(ops.isfinite(new)), new, inverse))
+
+
+class _WidthGroup(nn.Cell):
+    """The factors of one block width ``w``: their Parameters, stored inverses and block bookkeeping."""
+
+    def __init__(self, width: int, members: Sequence[Tuple[object, object, object, bool]]):
+        super().__init__(auto_prefix=False)
+        self.factors = ParameterTuple([m[0] for m in members])
+        self.inverses = ParameterTuple([m[1] for m in members])
+        shapes, spans, pad_rows, segments, is_g = [], [], [], [], []
+        start = 0
+        for m, (_, _, layout, g) in enumerate(members):
+            shapes.append((layout.nblocks, width, width))
+            spans.append((start, start + layout.nblocks))
+            marks = np.zeros((layout.nblocks, width), np.float32)
+            if layout.pad:
+                marks[-1, width - layout.pad:] = 1.0
+            pad_rows.append(marks)
+            segments += [m] * layout.nblocks
+            is_g += [g] * layout.nblocks
+            start += layout.nblocks
+        self.total, self.count, self.width = start, len(members), width
+        self.shapes, self.spans = tuple(shapes), tuple(spans)
+        self.eye = Tensor(np.eye(width, dtype=np.float32)[None])
+        self.pads = Tensor(np.concatenate(pad_rows, 0))
+        self.segments = Tensor(np.array(segments, np.int32))
+        self.is_g = Tensor(np.array(is_g, np.bool_))
+        self.ones = Tensor(np.ones((start,), np.float32))
+        self.hyper_map = C.HyperMap()
+        self.inverse = ops.MatrixInverse()
+        ranks = data_parallel_group_size()
+        self.is_distributed = ranks > 1
+        if self.is_distributed:
+            self.allreduce = ops.AllReduce(ops.ReduceOp.SUM)
+            self.allreduce.add_prim_attr("fusion", 0)
+            self.mean = 1.0 / ranks
+
+    def construct(self, lam, g_unscale, anchor):
+        blocks = self.hyper_map(F.partial(_read_blocks, anchor), self.shapes, self.factors)
+        blocks = ops.concat(blocks, 0) if self.count > 1 else blocks[0]
+        scale = ops.select(self.is_g, ops.broadcast_to(ops.reshape(g_unscale, (1,)), (self.total,)), self.ones)
+        blocks = blocks * ops.reshape(scale, (self.total, 1, 1))
+        if self.is_distributed:
+            blocks = self.allreduce(blocks) * self.mean
+        damped = blocks + self.eye * ops.expand_dims(lam + self.pads, 2)
+        inverse = self.inverse(damped)
+        residual = ops.abs(ops.bmm(damped, inverse) - self.eye)
+        good = ops.logical_and(ops.isfinite(ops.reduce_sum(residual, (1, 2))),
+                               ops.reduce_max(residual, (1, 2)) <= pc.INVERSE_TOLERANCE)
+        bad = ops.unsorted_segment_max(1.0 - ops.cast(good, mstype.float32), self.segments, self.count)
+        keep = ops.reshape(ops.gather(bad, self.segments, 0) < 0.5, (self.total, 1, 1))
+        old = ops.concat(self.inverses, 0) if self.count > 1 else self.inverses[0]
+        chosen = ops.select(ops.broadcast_to(keep, damped.shape), inverse, old)
+        return self.hyper_map(F.partial(_store_blocks, chosen), self.spans, self.inverses)
+
+
+class GroupedInversion(nn.Cell):
+    """Every layer's damped inversion on a THOR step, one :class:`_WidthGroup` per block width.
+
+    ``slots``: the optimizer's ``LayerSlot``\\ s; ``a_covs`` / ``g_covs``: the layers' factor Parameters
+    in the same order. ``construct(lam, g_unscale, anchor)`` reads the factors after ``anchor``,
+    inverts and stores every inverse (``slot.a_inv`` / ``slot.g_inv``) and returns the stores.
+    """
+
+    def __init__(self, slots: Sequence, a_covs: Sequence, g_covs: Sequence):
+        super().__init__(auto_prefix=False)
+        by_width: Dict[int, List] = {}
+        embedding_factors, embedding_inverses = [], []
+        for slot, a_cov, g_cov in zip(slots, a_covs, g_covs):
+            if slot.a_layout is None:
+                embedding_factors.append(a_cov)
+                embedding_inverses.append(slot.a_inv)
+            else:
+                by_width.setdefault(slot.a_layout.bs, []).append((a_cov, slot.a_inv, slot.a_layout, False))
+            by_width.setdefault(slot.g_layout.bs, []).append((g_cov, slot.g_inv, slot.g_layout, True))
+        self.groups = nn.CellList([_WidthGroup(w, by_width[w]) for w in sorted(by_width)],
+                                  auto_prefix=False)
+        self.num_groups = len(self.groups)
+        self.widths = tuple(sorted(by_width))
+        self.has_embedding = bool(embedding_factors)
+        if self.has_embedding:
+            self.embedding_factors = ParameterTuple(embedding_factors)
+            self.embedding_inverses = ParameterTuple(embedding_inverses)
+        self.hyper_map = C.HyperMap()
+        ranks = data_parallel_group_size()
+        self.is_distributed = ranks > 1
+        if self.is_distributed:
+            self.allreduce = ops.AllReduce(ops.ReduceOp.SUM)
+            self.mean = 1.0 / ranks
+
+    def construct(self, lam, g_unscale, anchor):
+        done = ()
+        for group in self.groups:
+            done = done + (group(lam, g_unscale, anchor),)
+        if self.has_embedding:
+            factors = self.embedding_factors
+            if self.is_distributed:
+                factors = self.hyper_map(F.partial(_mean_over_ranks, self.allreduce, self.mean, anchor), factors)
+            done = done + (self.hyper_map(F.partial(_store_diagonal, anchor, lam), factors,
+                                          self.embedding_inverses),)
+        return done
