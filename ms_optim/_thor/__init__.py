@@ -33,6 +33,10 @@ layers in ``ms_optim.nn`` and ``ms_optim.train_thor``). How the modules fit:
 ``slot.py`` -- ``LayerSlot`` (the optimizer's per-layer constants and stored inverses) and
     ``invert_layer``, the damped inversion of one layer's factors on a THOR step.
 
+``grouped.py`` -- ``GroupedInversion``: a THOR step's damped inversions when every layer is inverted
+    (no trace rule, no inverse sharing): the factors' diagonal blocks of one width, of every layer, as
+    one batched inversion, so the compiled graph holds no branch per layer.
+
 ``trace.py`` -- THOR's trace rule (``trace_thresholds``): per layer, from the change of the trace of
     its FIM block since its last inversion, whether a THOR step re-inverts it; its state Parameters.
 

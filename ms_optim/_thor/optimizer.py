@@ -20,6 +20,7 @@ Algorithm (one call of the optimizer is one step ``t``, its ``global_step``; ``f
         Ainv_l <- blockdiag_k (A_l,k + lam I)^-1              # 128-wide diagonal blocks (last smaller),
         Ginv_l <- blockdiag_k (G_l,k + lam I)^-1              # or the whole matrix (inverse="full")
         (embedding: Ainv_l <- 1 / (a_l + lam), a_l the diagonal of A)
+        (all layers: one batched inversion per block width, ms_optim._thor.grouped; same numbers)
         (with trace_thresholds: only the layers the trace rule of ms_optim._thor.trace selects)
     (other steps reuse the stored Ainv, Ginv: no factor work at all)
     Dense/Conv2d weight:   g <- Ginv g Ainv                   (conv weight as out x (in*kh*kw))
@@ -78,17 +79,10 @@ __all__ = ["ThorOptimizer", "LayerSlot"]
 
 _NAME = "thor"
 
-# per-parameter treatment codes (Python constants: GRAPH_MODE unrolls the per-parameter loop)
-_PLAIN = 0
-_MATRIX = 1       # Dense / Conv2d weight: Ginv g Ainv
-_EMBEDDING = 2    # embedding table: diag(Ainv) g Ginv
-_LAYERNORM = 3    # LayerNorm gamma/beta
-
 _apply_decay = C.MultitypeFuncGraph("thor_apply_decay")
 _clip_to_unit_norm = C.MultitypeFuncGraph("thor_clip_to_unit_norm")
 _momentum_step = C.MultitypeFuncGraph("thor_momentum_step")
 _nesterov_step = C.MultitypeFuncGraph("thor_nesterov_step")
-_precondition_one = C.MultitypeFuncGraph("thor_precondition_one")
 
 
 @_apply_decay.register("Tensor", "Bool", "Tensor", "Tensor")
@@ -125,24 +119,6 @@ def _nesterov_step_tensor(momentum, learning_rate, gradient, weight, moment):
     done = ops.assign(moment, accum)
     update = ops.cast(learning_rate * (gradient + momentum * accum), F.dtype(weight))
     return F.depend(True, F.depend(ops.assign_sub(weight, update), done))
-
-
-@_precondition_one.register("Tensor", "Number", "Tuple", "Tuple", "Tuple", "Tensor")
-def _precondition_one_tensor(lam, batch_size, g_inverses, a_inverses, treatment, gradient):
-    """One parameter's preconditioned gradient; ``treatment = (kind, layer, g_geom, a_geom)``."""
-    kind, layer, g_geom, a_geom = treatment
-    if kind == _MATRIX:
-        shape = gradient.shape
-        g2 = ops.reshape(ops.cast(gradient, mstype.float32), (shape[0], -1))
-        g2 = pc.precondition_matrix(g2, g_inverses[layer], a_inverses[layer], g_geom, a_geom)
-        return ops.cast(ops.reshape(g2, shape), F.dtype(gradient))
-    if kind == _EMBEDDING:
-        g32 = ops.cast(gradient, mstype.float32)
-        return ops.cast(pc.precondition_embedding(g32, a_inverses[layer], g_inverses[layer], g_geom),
-                        F.dtype(gradient))
-    if kind == _LAYERNORM:
-        return pc.precondition_layernorm(gradient, lam, batch_size)
-    return gradient
 
 
 # ----------------------------------------------------------------------------------- the optimizer
@@ -246,15 +222,15 @@ class ThorOptimizer(Optimizer):
         ``LayerSlot`` per THOR layer (``self.slots``)."""
         role = {}
         for i, layer in enumerate(self.thor_cells):
-            role[id(layer.weight_param())] = (_EMBEDDING if layer.kind == "embedding" else _MATRIX, i)
+            role[id(layer.weight_param())] = (pc.EMBEDDING if layer.kind == "embedding" else pc.MATRIX, i)
         for _, cell in net.cells_and_names():
             if isinstance(cell, nn.LayerNorm):
                 for param in (cell.gamma, cell.beta):
-                    role.setdefault(id(param), (_LAYERNORM, -1))
+                    role.setdefault(id(param), (pc.LAYERNORM, -1))
         kinds, owners = [], []
         grad_index = [0] * self.num_layers
         for j, param in enumerate(self._parameters):
-            kind, owner = role.get(id(param), (_PLAIN, -1))
+            kind, owner = role.get(id(param), (pc.PLAIN, -1))
             if owner >= 0:
                 grad_index[owner] = j
             kinds.append(kind)
@@ -387,7 +363,7 @@ class ThorOptimizer(Optimizer):
         One ``hyper_map`` over the parameters (``_precondition_one``) rather than a Python loop: GRAPH_MODE
         then specialises one small graph per parameter instead of unrolling a loop that grows a tuple
         (measured: about 5x less compile time for the same ops)."""
-        return self.hyper_map(F.partial(_precondition_one, lam, self.batch_size_float, self.matrix_g_inv,
+        return self.hyper_map(F.partial(pc.precondition_parameter, lam, self.batch_size_float, self.matrix_g_inv,
                                         self.matrix_a_inv), self.param_treatment, gradients)
 
     @jit(backend="ms_backend")

@@ -42,6 +42,8 @@ from typing import Tuple
 import mindspore.common.dtype as mstype
 import numpy as np
 from mindspore import Tensor, mint, ops
+from mindspore.ops import composite as C
+from mindspore.ops import functional as F
 
 __all__ = [
     "INVERSE_TOLERANCE",
@@ -57,7 +59,18 @@ __all__ = [
     "damped_diagonal_inverse",
     "precondition_embedding",
     "precondition_layernorm",
+    "PLAIN",
+    "MATRIX",
+    "EMBEDDING",
+    "LAYERNORM",
+    "precondition_parameter",
 ]
+
+# How a parameter's gradient is preconditioned (its treatment's first entry; see precondition_parameter)
+PLAIN = 0        # unchanged (biases, BatchNorm, ...)
+MATRIX = 1       # Dense / Conv2d weight: Ginv g Ainv
+EMBEDDING = 2    # embedding table: diag(Ainv) g Ginv
+LAYERNORM = 3    # LayerNorm gamma/beta
 
 #: Largest accepted entry of ``|F_k X_k - I|`` for an inverse block ``X_k`` of a damped block ``F_k``.
 INVERSE_TOLERANCE = 1e-2
@@ -197,3 +210,26 @@ def precondition_embedding(grad, a_inverse, g_inverse, g_geom):
 def precondition_layernorm(grad, lam, batch_size: float):
     """LayerNorm gamma/beta: elementwise ``g / (g^2 / batch_size + lam)``."""
     return grad / (ops.square(grad) / batch_size + lam)
+
+
+#: ``hyper_map(F.partial(precondition_parameter, lam, batch_size, g_inverses, a_inverses), treatments, grads)``
+precondition_parameter = C.MultitypeFuncGraph("thor_precondition_parameter")
+
+
+@precondition_parameter.register("Tensor", "Number", "Tuple", "Tuple", "Tuple", "Tensor")
+def _precondition_parameter(lam, batch_size, g_inverses, a_inverses, treatment, gradient):
+    """One parameter's preconditioned gradient. ``treatment = (kind, layer, g_geom, a_geom)``: its kind
+    (:data:`PLAIN`, :data:`MATRIX`, :data:`EMBEDDING`, :data:`LAYERNORM`), the index of its THOR layer in
+    ``g_inverses``/``a_inverses`` (the stored inverses) and that layer's ``(n, nblocks, bs)`` geometries."""
+    kind, layer, g_geom, a_geom = treatment
+    if kind == MATRIX:
+        shape = gradient.shape
+        g2 = ops.reshape(ops.cast(gradient, mstype.float32), (shape[0], -1))
+        g2 = precondition_matrix(g2, g_inverses[layer], a_inverses[layer], g_geom, a_geom)
+        return ops.cast(ops.reshape(g2, shape), F.dtype(gradient))
+    if kind == EMBEDDING:
+        g32 = ops.cast(gradient, mstype.float32)
+        return ops.cast(precondition_embedding(g32, a_inverses[layer], g_inverses[layer], g_geom), F.dtype(gradient))
+    if kind == LAYERNORM:
+        return precondition_layernorm(gradient, lam, batch_size)
+    return gradient

@@ -1,0 +1,243 @@
+"""THOR at depth: build + compile time, memory and step times of THOR against Momentum, per net.
+
+Every (net, optimizer) pair runs in its own child process (GRAPH_MODE, CPU), the baseline (MindSpore's
+``nn.Momentum``) in the same run as THOR. A child builds the net on generated data (ResNets of
+model_zoo/resnet, 1001 classes, at ``--image`` pixels; a BERT-base-size encoder of model_zoo/bert:
+12 layers, hidden 768, masked-LM head), the optimizer and ``nn.TrainOneStepCell``, compiles it, calls
+``ms_optim.release_freed_memory()`` (what ``ModelThor`` does after compiling; for both optimizers) and
+trains ``--steps`` steps. THOR runs with ``frequency=2``: steps 0, 2, 4 are THOR steps.
+
+Reported per net, each THOR figure also as a ratio to Momentum's:
+
+* ``build_compile_s``: process start to compiled training step (imports excluded; wall seconds) and
+  ``compile_cpu_s`` (CPU seconds of the compilation: less sensitive to a busy machine);
+* ``rss_after_compile_gb`` (resident set once compiled and released) and ``peak_rss_gb`` (``ru_maxrss``);
+* step medians: Momentum's steps, THOR's THOR steps and its other steps (the first step left out).
+
+The targets of issue 21 are printed beside the ratios: build+compile <= 2x (aim 1.5x), resident after
+compile <= Momentum + 35% (aim + 25%), and THOR's overhead growing at most linearly in the number of
+THOR layers (the plot: overhead against layers).
+
+    python benchmarks/bench_compile.py                                # resnet18/34/50/101 and bert-base
+    python benchmarks/bench_compile.py --nets resnet50 --batch 8      # one net
+    python benchmarks/bench_compile.py --quick                        # smoke run: resnet18 width 4, tiny BERT
+Writes ``benchmarks/results/bench_compile[_quick].json`` and ``.png``.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from typing import Dict, List, Optional
+
+if not __package__:  # run as a file: the repository root, not this folder, on sys.path (see bench_memory.py)
+    _HERE = os.path.dirname(os.path.abspath(__file__))
+    if sys.path and os.path.abspath(sys.path[0] or os.curdir) == _HERE:
+        del sys.path[0]
+    sys.path.insert(0, os.path.dirname(_HERE))
+
+from benchmarks._common import RESULTS_DIR, save_figure, write_json  # noqa: E402
+
+DEFAULT_NETS = "resnet18,resnet34,resnet50,resnet101,bert-base"
+TARGETS = {"build_compile": 2.0, "rss_after_compile": 1.35}
+FREQUENCY = 2
+
+
+def _rss_gb() -> float:
+    with open("/proc/self/status", encoding="ascii") as handle:
+        for line in handle:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024 ** 2
+    return 0.0
+
+
+def _bert_case(args: argparse.Namespace):
+    """A BERT encoder with its masked-LM loss, and one generated batch."""
+    import numpy as np
+    from mindspore import Tensor
+
+    from model_zoo.bert.bert_model import BertForMaskedLM, BertPretrainingLoss, get_config
+
+    config = get_config("tiny" if args.quick else "base", args.vocab, hidden_dropout_prob=0.0,
+                        attention_probs_dropout_prob=0.0)
+    net = BertForMaskedLM(config)
+    rng = np.random.default_rng(0)
+    batch, seq, masked = args.batch, args.seq_length, max(1, args.seq_length // 8)
+    data = (rng.integers(0, args.vocab, (batch, seq)).astype(np.int32), np.ones((batch, seq), np.int32),
+            np.zeros((batch, seq), np.int32), np.sort(rng.integers(0, seq, (batch, masked))).astype(np.int32),
+            rng.integers(0, args.vocab, (batch, masked)).astype(np.int32), np.ones((batch, masked), np.float32))
+    return net, BertPretrainingLoss(net), tuple(Tensor(d) for d in data)
+
+
+def child_main(args: argparse.Namespace) -> None:
+    """Build, compile and train one (net, optimizer); print one JSON line."""
+    import resource
+
+    import mindspore as ms
+    import numpy as np
+    from mindspore import Tensor, nn
+
+    from ms_optim import release_freed_memory
+
+    start = time.perf_counter()
+    ms.set_context(mode=ms.GRAPH_MODE, device_target="CPU")
+    ms.set_seed(0)
+    if args.net.startswith("bert"):
+        net, train_net, inputs = _bert_case(args)
+    else:
+        from model_zoo.resnet.src.resnet import build_resnet
+
+        net = build_resnet(args.net, class_num=1001, width=4 if args.quick else 64)
+        rng = np.random.default_rng(0)
+        inputs = (Tensor(rng.normal(size=(args.batch, 3, args.image, args.image)).astype(np.float32)),
+                  Tensor(rng.integers(0, 1001, size=(args.batch,)).astype(np.int32)))
+        train_net = nn.WithLossCell(net, nn.SoftmaxCrossEntropyWithLogits(sparse=True, reduction="mean"))
+    lr = Tensor(np.full((args.steps,), 0.01, np.float32))
+    layers = 0
+    if args.optimizer == "thor":
+        from ms_optim.nn import thor
+
+        opt = thor(net, lr, Tensor(np.full((args.steps,), 0.03, np.float32)), 0.9, weight_decay=1e-4,
+                   batch_size=args.batch, frequency=FREQUENCY)
+        layers = opt.num_layers
+    else:
+        opt = nn.Momentum(net.trainable_params(), lr, 0.9, weight_decay=1e-4)
+    train = nn.TrainOneStepCell(train_net, opt)
+    train.set_train(True)
+    built = time.perf_counter()
+    cpu0 = resource.getrusage(resource.RUSAGE_SELF)
+    train.compile(*inputs)
+    cpu1 = resource.getrusage(resource.RUSAGE_SELF)
+    compiled = time.perf_counter()
+    release_freed_memory()
+    rss_compiled = _rss_gb()
+    steps = []
+    for _ in range(args.steps):
+        tick = time.perf_counter()
+        train(*inputs).asnumpy()
+        steps.append((time.perf_counter() - tick) * 1e3)
+    print("RESULT " + json.dumps({
+        "thor_layers": layers, "build_s": built - start, "compile_s": compiled - built,
+        "build_compile_s": compiled - start,
+        "compile_cpu_s": cpu1.ru_utime + cpu1.ru_stime - cpu0.ru_utime - cpu0.ru_stime,
+        "rss_after_compile_gb": rss_compiled,
+        "peak_rss_gb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024 ** 2, "step_ms": steps}),
+        flush=True)
+
+
+def run_child(net: str, optimizer: str, args: argparse.Namespace) -> Dict:
+    """One child process; its measurements with the step medians (step 0 left out)."""
+    cmd = [sys.executable, os.path.abspath(__file__), "--child", "--nets", net, "--optimizer", optimizer,
+           "--batch", str(args.batch), "--image", str(args.image), "--steps", str(args.steps),
+           "--seq-length", str(args.seq_length), "--vocab", str(args.vocab)] + (["--quick"] if args.quick else [])
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout)
+    lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
+    if proc.returncode != 0 or not lines:
+        print(proc.stderr[-3000:], file=sys.stderr)
+        return {"failed": True, "returncode": proc.returncode}
+    record = json.loads(lines[-1][len("RESULT "):])
+    later = list(enumerate(record["step_ms"]))[1:]
+    if optimizer == "thor":
+        record["thor_step_ms"] = statistics.median([t for i, t in later if i % FREQUENCY == 0])
+        record["non_thor_step_ms"] = statistics.median([t for i, t in later if i % FREQUENCY != 0])
+    else:
+        record["step_ms_median"] = statistics.median([t for _, t in later])
+    record["failed"] = False
+    return record
+
+
+def run_net(net: str, args: argparse.Namespace) -> Dict:
+    """Momentum then THOR, and the ratios."""
+    result: Dict = {"net": net}
+    for optimizer in ("momentum", "thor"):
+        result[optimizer] = run_child(net, optimizer, args)
+    mom, th = result["momentum"], result["thor"]
+    if mom["failed"] or th["failed"]:
+        print(f"{net}: a child failed", flush=True)
+        return result
+    result["thor_layers"] = th["thor_layers"]
+    result["ratios"] = {
+        "build_compile": th["build_compile_s"] / mom["build_compile_s"],
+        "compile_cpu": th["compile_cpu_s"] / mom["compile_cpu_s"],
+        "rss_after_compile": th["rss_after_compile_gb"] / mom["rss_after_compile_gb"],
+        "peak_rss": th["peak_rss_gb"] / mom["peak_rss_gb"],
+        "thor_step": th["thor_step_ms"] / mom["step_ms_median"],
+        "non_thor_step": th["non_thor_step_ms"] / mom["step_ms_median"]}
+    result["overhead"] = {"build_compile_s": th["build_compile_s"] - mom["build_compile_s"],
+                          "rss_after_compile_gb": th["rss_after_compile_gb"] - mom["rss_after_compile_gb"]}
+    r = result["ratios"]
+    print(f"{net:10s} {th['thor_layers']:4d} THOR layers | build+compile {mom['build_compile_s']:6.1f} s vs "
+          f"{th['build_compile_s']:6.1f} s = {r['build_compile']:.2f}x (target <= {TARGETS['build_compile']}; "
+          f"compile CPU {r['compile_cpu']:.2f}x) | resident after compile {mom['rss_after_compile_gb']:.2f} vs "
+          f"{th['rss_after_compile_gb']:.2f} GiB = {r['rss_after_compile']:.2f}x (target <= "
+          f"{TARGETS['rss_after_compile']}) | peak {r['peak_rss']:.2f}x | THOR step {r['thor_step']:.2f}x, "
+          f"other steps {r['non_thor_step']:.2f}x", flush=True)
+    return result
+
+
+def plot(path: str, results: List[Dict]) -> str:
+    """THOR's overhead (build+compile seconds, resident GiB) and ratios against the number of THOR layers."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    done = sorted((r for r in results if "ratios" in r), key=lambda r: r["thor_layers"])
+    fig, axes = plt.subplots(1, 2, figsize=(10, 3.8))
+    x = [r["thor_layers"] for r in done]
+    axes[0].plot(x, [r["overhead"]["build_compile_s"] for r in done], "o-", label="THOR - Momentum, seconds")
+    axes[0].plot(x, [r["momentum"]["build_compile_s"] for r in done], "s--", label="Momentum, seconds")
+    axes[0].set_ylabel("build + compile (s)")
+    axes[1].plot(x, [r["ratios"]["build_compile"] for r in done], "o-", label="build+compile")
+    axes[1].plot(x, [r["ratios"]["rss_after_compile"] for r in done], "s-", label="resident after compile")
+    axes[1].plot(x, [r["ratios"]["peak_rss"] for r in done], "^-", label="peak RSS")
+    axes[1].axhline(TARGETS["build_compile"], color="gray", ls=":", lw=1)
+    axes[1].axhline(TARGETS["rss_after_compile"], color="gray", ls="--", lw=1)
+    axes[1].set_ylabel("THOR / Momentum")
+    for ax in axes:
+        ax.set_xlabel("THOR layers")
+        ax.legend(fontsize=8)
+        for r in done:
+            ax.annotate(r["net"], (r["thor_layers"], ax.get_ylim()[0]), fontsize=7, rotation=90, va="bottom")
+    fig.suptitle("THOR at depth (GRAPH_MODE, CPU, one process per run)", fontsize=10)
+    return save_figure(fig, path)
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--nets", default=DEFAULT_NETS, help=f"comma-separated nets (default {DEFAULT_NETS})")
+    parser.add_argument("--batch", type=int, default=2, help="batch size (default 2: compile dominates)")
+    parser.add_argument("--image", type=int, default=32, help="ResNet input height and width (default 32)")
+    parser.add_argument("--seq-length", type=int, default=32, help="BERT sequence length (default 32)")
+    parser.add_argument("--vocab", type=int, default=30522, help="BERT vocabulary size (default 30522)")
+    parser.add_argument("--steps", type=int, default=5, help="training steps per process (default 5)")
+    parser.add_argument("--timeout", type=float, default=1800, help="seconds one child may take (default 1800)")
+    parser.add_argument("--quick", action="store_true", help="smoke run: ResNet-18 width 4 and a tiny BERT")
+    parser.add_argument("--out", default=None, help="JSON path (default benchmarks/results/bench_compile[_quick].json)")
+    parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--optimizer", default="thor", help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.child:
+        args.net = args.nets
+        child_main(args)
+        return 0
+    if args.quick and args.nets == DEFAULT_NETS:
+        args.nets, args.vocab = "resnet18,bert-tiny", 512
+    stem = "bench_compile_quick" if args.quick else "bench_compile"
+    out = args.out or os.path.join(RESULTS_DIR, stem + ".json")
+    results = [run_net(net.strip(), args) for net in args.nets.split(",") if net.strip()]
+    payload = {"benchmark": "bench_compile", "batch": args.batch, "image": args.image, "seq_length": args.seq_length,
+               "vocab": args.vocab, "steps": args.steps, "frequency": FREQUENCY, "quick": args.quick,
+               "targets": TARGETS, "results": results}
+    write_json(out, payload)
+    png = plot(os.path.splitext(out)[0] + ".png", results)
+    print(f"wrote {out} and {png}")
+    return 0 if all("ratios" in r for r in results) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
