@@ -1,0 +1,156 @@
+"""THOR at depth: the batched inversion per block width (``_thor.grouped``) and the stacked
+preconditioning of layers that share a geometry (``_thor.stacked``) give THOR's numbers.
+
+* A deep MLP with repeated 150-wide hidden layers (A and G of 150 split into 128-wide blocks, so
+  blocks of several layers and both factors share one batched inversion, and the two 150x150 weights
+  share one stacked product) against the float64 NumPy oracle, every parameter after every step, in
+  PYNATIVE and GRAPH mode, blocked and whole-matrix inverses.
+* A conv net with three identical 3x3 convolutions (A of 144: two blocks, the last padded) trained
+  with a loss scale: equal to the per-layer path (no grouping, no stacking), which the other oracle
+  tests check.
+"""
+from typing import Dict
+
+import numpy as np
+import pytest
+from mindspore import Tensor, nn
+from reference import thor_factors as tf
+from reference.thor_ref import ThorReference, softmax_xent
+
+from ms_optim._thor.factory import thor
+from ms_optim._thor.stacked import StackedPreconditioning
+
+RTOL = 1e-3
+# float32 against float64 through four layers and 150-wide whole-matrix inverses: entries near zero carry
+# absolute errors of a few 1e-6 after five steps (weights are of order 0.1 to 1)
+ATOL = 1e-5
+WIDTHS = (20, 150, 150, 150, 10)
+
+
+class DeepMLP(nn.Cell):
+    def __init__(self):
+        super().__init__()
+        self.layers = nn.CellList([nn.Dense(WIDTHS[i], WIDTHS[i + 1], activation="relu" if i < 3 else None)
+                                   for i in range(4)])
+
+    def construct(self, x):
+        for layer in self.layers:
+            x = layer(x)
+        return x
+
+
+class DeepMLPRef:
+    """Dense layers ``layers.0`` .. ``layers.3`` (ReLU between), biases; CE loss."""
+
+    layers = tuple((f"layers.{i}", "dense") for i in range(4))
+
+    def forward_backward(self, p: Dict[str, np.ndarray], x, y):
+        inputs, pre = [], []
+        h = x
+        for i in range(4):
+            inputs.append(h)
+            s = h @ p[f"layers.{i}.weight"].T + p[f"layers.{i}.bias"]
+            pre.append(s)
+            h = np.maximum(s, 0.0) if i < 3 else s
+        loss, d = softmax_xent(h, y)
+        grads, factors = {}, {}
+        for i in reversed(range(4)):
+            if i < 3:
+                d = d * (pre[i] > 0)
+            grads[f"layers.{i}.weight"] = d.T @ inputs[i]
+            grads[f"layers.{i}.bias"] = d.sum(0)
+            factors[f"layers.{i}"] = tf.dense_factors(inputs[i], d)
+            d = d @ p[f"layers.{i}.weight"]
+        return loss, grads, factors
+
+
+def _params(net):
+    return {p.name: p.asnumpy().astype(np.float64) for p in net.trainable_params()}
+
+
+def _train_cell(net, opt, sens=None):
+    loss = nn.WithLossCell(net, nn.SoftmaxCrossEntropyWithLogits(sparse=True, reduction="mean"))
+    return (nn.TrainOneStepCell(loss, opt) if sens is None else nn.TrainOneStepCell(loss, opt, sens=sens)).set_train()
+
+
+@pytest.mark.parametrize("inverse", ["blocked", "full"])
+def test_deep_mlp_matches_reference(mode, rng, inverse):
+    steps, batch = 5, 16
+    net = DeepMLP()
+    for p in net.trainable_params():
+        fan_in = p.shape[1] if len(p.shape) > 1 else 1
+        p.set_data(Tensor((rng.standard_normal(p.shape) * (np.sqrt(2.0 / fan_in) if len(p.shape) > 1 else 0.1))
+                          .astype(np.float32)))
+    lr = np.linspace(0.1, 0.05, steps).astype(np.float32)
+    damping = np.linspace(0.05, 0.02, steps).astype(np.float32)
+    ref = ThorReference(DeepMLPRef(), _params(net), lr, damping, 0.9, batch_size=batch, frequency=2,
+                        block_size=128 if inverse == "blocked" else None, weight_decay=1e-3)
+    opt = thor(net, Tensor(lr), Tensor(damping), 0.9, weight_decay=1e-3, batch_size=batch, frequency=2,
+               inverse=inverse)
+    assert opt.batched and [len(group.indices) for group in opt.stacked.groups] == [2]
+    widths = opt.grouped.widths
+    assert widths == ((10, 20, 128) if inverse == "blocked" else (10, 20, 150))
+    cell = _train_cell(net, opt)
+    for step in range(steps):
+        x = rng.standard_normal((batch, WIDTHS[0])).astype(np.float32)
+        y = rng.integers(0, WIDTHS[-1], batch).astype(np.int32)
+        loss = cell(Tensor(x), Tensor(y))
+        ref.step(x, y)
+        np.testing.assert_allclose(float(loss.asnumpy()), ref.losses[-1], rtol=RTOL)
+        got = _params(net)
+        for name, want in ref.params.items():
+            np.testing.assert_allclose(got[name], want, rtol=RTOL, atol=ATOL, err_msg=f"{name} after step {step}")
+
+
+class RepeatedConvNet(nn.Cell):
+    def __init__(self):
+        super().__init__()
+        self.stem = nn.Conv2d(3, 16, 3, pad_mode="pad", padding=1, has_bias=True)
+        self.convs = nn.CellList([nn.Conv2d(16, 16, 3, pad_mode="pad", padding=1, has_bias=True) for _ in range(3)])
+        self.relu = nn.ReLU()
+        self.flatten = nn.Flatten()
+        self.fc = nn.Dense(16 * 6 * 6, 5)
+
+    def construct(self, x):
+        x = self.relu(self.stem(x))
+        for conv in self.convs:
+            x = self.relu(conv(x))
+        return self.fc(self.flatten(x))
+
+
+def _train_repeated(per_layer: bool, monkeypatch, seed_values, batches):
+    net = RepeatedConvNet()
+    for p, value in zip(net.trainable_params(), seed_values):
+        p.set_data(Tensor(value))
+    with monkeypatch.context() as patch:
+        if per_layer:
+            patch.setattr(StackedPreconditioning, "MIN_GROUP", 10 ** 6)
+        opt = thor(net, Tensor(np.full((4,), 0.01, np.float32)), Tensor(np.full((4,), 0.1, np.float32)), 0.9,
+                   weight_decay=1e-4, loss_scale=64.0, batch_size=4, frequency=2)
+    if per_layer:
+        opt.batched = False  # read when the step is compiled: the per-layer inversion of slot.invert_layer
+        assert not opt.stacked.groups
+    else:
+        assert opt.batched and [len(group.indices) for group in opt.stacked.groups] == [3]
+    cell = _train_cell(net, opt, sens=64.0)
+    losses = [float(cell(Tensor(x), Tensor(y)).asnumpy()) for x, y in batches]
+    inverses = [p.asnumpy() for p in list(opt.matrix_a_inv) + list(opt.matrix_g_inv)]
+    return losses, _params(net), inverses
+
+
+def test_repeated_conv_blocks_equal_per_layer_path(mode, rng, monkeypatch):
+    template = RepeatedConvNet()
+    values = [(rng.standard_normal(p.shape) * (np.sqrt(2.0 / np.prod(p.shape[1:])) if len(p.shape) > 1 else 0.1))
+              .astype(np.float32) for p in template.trainable_params()]
+    batches = [(rng.standard_normal((4, 3, 6, 6)).astype(np.float32), rng.integers(0, 5, 4).astype(np.int32))
+               for _ in range(4)]
+    losses, params, inverses = _train_repeated(False, monkeypatch, values, batches)
+    want_losses, want_params, want_inverses = _train_repeated(True, monkeypatch, values, batches)
+    np.testing.assert_allclose(losses, want_losses, rtol=1e-5)
+    assert set(params) == set(want_params)
+    for name, want in want_params.items():
+        np.testing.assert_allclose(params[name], want, rtol=1e-4, atol=1e-6, err_msg=name)
+    for got, want in zip(inverses, want_inverses):
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-6)
+    assert inverses[1].shape == (2, 128, 128)  # a repeated conv's A (144): two blocks, the last padded
+    assert not np.allclose(inverses[1][0], np.eye(128))  # the inverses were refreshed (not the initial identity)
