@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import pkgutil
 import runpy
 import sys
 from typing import List, Optional, Sequence
@@ -43,8 +44,9 @@ options:
   -m MODULE    run a module as `python -m MODULE` would, instead of a script file
 
 The exit status is the script's; a SCRIPT or MODULE that cannot be found is one line on stderr
-and exit status 2. In your own code, `ms_optim.use()` does the same
-(`with ms_optim.use(): ...`, or `ms_optim.undo_use()` to restore MindSpore's names).
+and exit status 2 (a SCRIPT folder or zip without __main__.py: exit status 1, as `python DIR`).
+In your own code, `ms_optim.use()` does the same (`with ms_optim.use(): ...`, or
+`ms_optim.undo_use()` to restore MindSpore's names).
 """
 
 
@@ -105,6 +107,12 @@ def _top_level_problem(name: str) -> Optional[str]:
     return None if found else f"No module named {top!r}"
 
 
+def _lacks_main(target: str) -> bool:
+    """``target`` is a folder or zip archive (what Python runs through its ``__main__``) without one."""
+    importer = pkgutil.get_importer(os.path.abspath(target))
+    return importer is not None and importer.find_spec("__main__") is None
+
+
 def main(argv: Optional[List[str]] = None) -> int:
     """Entry point of ``python -m ms_optim.run``; returns the process exit status."""
     kind, target, args = _parse(sys.argv[1:] if argv is None else argv)
@@ -114,6 +122,9 @@ def main(argv: Optional[List[str]] = None) -> int:
     if kind == "script" and not os.path.exists(target):
         sys.stderr.write(f"ms_optim.run: error: can't open file {target!r}: no such file\n")
         return 2
+    if kind == "script" and _lacks_main(target):  # before use(): its notice would be a second line
+        sys.stderr.write(f"ms_optim.run: error: can't find '__main__' module in {target!r}\n")
+        return 1  # as `python DIR`
 
     if kind == "module":
         problem = _top_level_problem(target)

@@ -175,6 +175,22 @@ def test_run_main_argv_name_exit_code_and_restore(tmp_path, capsys):
         run.main(["--bogus", str(script)])
 
 
+def test_python_m_run_folder_without_main_is_one_line_as_python(tmp_path):
+    """``python -m ms_optim.run DIR`` without DIR/__main__.py: Python's one line and exit status 1, no
+    runpy traceback; with a __main__.py the folder runs as ``python DIR`` runs it."""
+    folder = tmp_path / "app"
+    folder.mkdir()
+    plain = subprocess.run([sys.executable, str(folder)], capture_output=True, text=True, timeout=60)
+    proc = subprocess.run([sys.executable, "-m", "ms_optim.run", str(folder)], capture_output=True, text=True,
+                          env=_env(), cwd=str(tmp_path), timeout=300)
+    assert (proc.returncode, plain.returncode) == (1, 1), proc.stderr
+    assert proc.stderr.splitlines() == [f"ms_optim.run: error: can't find '__main__' module in '{folder}'"]
+    assert plain.stderr.strip().endswith(f"can't find '__main__' module in '{folder}'")
+    (folder / "__main__.py").write_text("import sys\nprint('MAIN', __name__)\nsys.exit(5)\n")
+    assert run.main([str(folder)]) == 5
+    assert not _patch.is_active()
+
+
 @pytest.mark.parametrize("target, message", [
     ("missing_module", "No module named 'missing_module'"),
     ("missing_package.sub", "No module named 'missing_package'"),
