@@ -18,6 +18,7 @@ from ms_optim._thor.conventions import apply_factor_convention, check_factor_con
 from ms_optim._thor.convert import ConvertNetUtils, count_thor_cells, thor_candidates, thor_class_for
 from ms_optim._thor.optimizer import ThorOptimizer
 from ms_optim._thor.parallel import data_parallel_group_size
+from ms_optim._thor.taps import ScheduleGuard
 from ms_optim._thor.trace import check_trace_thresholds
 from ms_optim._validation import (
     check_bool,
@@ -288,10 +289,15 @@ def thor(net, learning_rate, damping, momentum, weight_decay=0.0, loss_scale=1.0
     apply_factor_convention(layers, convention, int(batch_size))
     for layer in layers:  # the layers store exactly the blocks the optimizer inverts
         layer.set_factor_block_size(int(block_size) if inverse == "blocked" else None)
-    return ThorOptimizer(net, layers, learning_rate, damping, float(momentum), float(weight_decay), float(loss_scale),
-                         int(batch_size), bool(use_nesterov), decay_filter,
-                         splits, bool(enable_clip_grad),
-                         int(frequency), inverse, int(block_size),
-                         kl_clip=None if kl_clip is None else float(kl_clip), factor_convention=convention,
-                         distribute_inverses=distribute_inverses,
-                         trace_thresholds=thresholds)
+    optimizer = ThorOptimizer(net, layers, learning_rate, damping, float(momentum), float(weight_decay),
+                              float(loss_scale), int(batch_size), bool(use_nesterov), decay_filter,
+                              splits, bool(enable_clip_grad), int(frequency), inverse, int(block_size),
+                              kl_clip=None if kl_clip is None else float(kl_clip), factor_convention=convention,
+                              distribute_inverses=distribute_inverses, trace_thresholds=thresholds)
+    limits = [(name, value.shape[0]) for name, value in (("learning_rate", learning_rate), ("damping", damping))
+              if value.ndim == 1]
+    if limits:  # PYNATIVE: a step past their end is refused before the backward pass writes the factors
+        guard = ScheduleGuard(_NAME, optimizer.global_step, limits)
+        for layer in layers:
+            layer.factor_tap.schedule_guard = guard
+    return optimizer
