@@ -26,9 +26,9 @@ sys.path.insert(0, os.path.dirname(HERE))  # tests/: loss_scale_cells
 
 import mindspore as ms  # noqa: E402
 from mindspore import Tensor, nn  # noqa: E402
+from worker import init_ranks  # noqa: E402  (tests/distributed/worker.py)
 
 import ms_optim  # noqa: E402
-from ms_optim._bridge import prime_numpy_bridge  # noqa: E402
 
 GLOBAL_BATCH = 8
 STEPS = 3
@@ -66,14 +66,7 @@ def main() -> None:
     parser.add_argument("--single", action="store_true", help="one process on the concatenated batch")
     args = parser.parse_args()
     ms.set_context(device_target="CPU")
-    prime_numpy_bridge()  # before init(): see ms_optim._bridge
-    rank, size = 0, 1
-    if not args.single:
-        from mindspore.communication import get_group_size, get_rank, init
-
-        init()
-        rank, size = get_rank(), get_group_size()
-        ms.set_auto_parallel_context(parallel_mode=ms.ParallelMode.DATA_PARALLEL, gradients_mean=True)
+    rank, size = init_ranks(args.single)
     local = GLOBAL_BATCH // size
     xs, ys = batches()
     ms_optim.use(verbose=False)  # as `python -m ms_optim.run` does before the script runs

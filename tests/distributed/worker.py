@@ -94,6 +94,18 @@ def build(optimizer: str, split_indices, batch_size: int, distribute_inverses: b
     return net, nn.TrainOneStepCell(nn.WithLossCell(net, loss), opt)
 
 
+def init_ranks(single: bool):
+    """(rank, number of ranks): (0, 1) alone; under msrun, init() and data parallel with mean gradients."""
+    prime_numpy_bridge()  # before init(): see ms_optim._bridge
+    if single:
+        return 0, 1
+    from mindspore.communication import get_group_size, get_rank, init
+
+    init()
+    ms.set_auto_parallel_context(parallel_mode=ms.ParallelMode.DATA_PARALLEL, gradients_mean=True)
+    return get_rank(), get_group_size()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", required=True)
@@ -102,14 +114,7 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=5)
     args = parser.parse_args()
     ms.set_context(mode=ms.GRAPH_MODE, device_target="CPU")
-    prime_numpy_bridge()  # before init(): see ms_optim._bridge
-    rank, size = 0, 1
-    if not args.single:
-        from mindspore.communication import get_group_size, get_rank, init
-
-        init()
-        rank, size = get_rank(), get_group_size()
-        ms.set_auto_parallel_context(parallel_mode=ms.ParallelMode.DATA_PARALLEL, gradients_mean=True)
+    rank, size = init_ranks(args.single)
     local = GLOBAL_BATCH // size
     xs, ys = global_batches(args.steps)
     configs = dict(CONFIGS, **(SHARED_CONFIGS if args.optimizer == "thor" else {}))
