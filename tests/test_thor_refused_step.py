@@ -56,3 +56,39 @@ def test_refused_step_changes_nothing(mode, rng, lr_steps, damping_steps, name, 
     assert set(after) == set(before)
     for key, value in before.items():
         assert np.array_equal(value, after[key]), f"{key} changed by the refused step"
+
+
+def test_jit_step_in_pynative_trains_and_refuses_without_change(rng):
+    """``ms.jit`` around ``value_and_grad`` + the optimizer in PYNATIVE mode: the taps compile the guard into
+    the graph; the steps train and the step past the list is refused with nothing changed."""
+    import mindspore as ms
+
+    ms.set_context(mode=ms.PYNATIVE_MODE)
+    net = Net()
+    opt = thor(net, Tensor(np.full(3, 0.05, np.float32)), Tensor(np.full(9, 0.03, np.float32)), 0.9, batch_size=4,
+               frequency=2)
+    loss = nn.WithLossCell(net, nn.SoftmaxCrossEntropyWithLogits(sparse=True, reduction="mean"))
+    loss.set_train()
+    grad_fn = ms.value_and_grad(loss, None, opt.parameters)
+
+    @ms.jit
+    def step(x, y):
+        value, grads = grad_fn(x, y)
+        opt(grads)
+        return value
+
+    def batch():
+        return (Tensor(rng.standard_normal((4, 6)).astype(np.float32)),
+                Tensor(rng.integers(0, 3, 4).astype(np.int32)))
+
+    start = net.fc1.weight.asnumpy().copy()
+    for _ in range(3):
+        assert np.isfinite(float(step(*batch()).asnumpy()))
+    assert not np.array_equal(start, net.fc1.weight.asnumpy())
+    assert int(opt.global_step.asnumpy().reshape(-1)[0]) == 3
+    before = _state(net, opt)
+    with pytest.raises(ValueError, match=r"'learning_rate' gives 3 values, one per step, but step 4 was requested"):
+        step(*batch())
+    after = _state(net, opt)
+    for key, value in before.items():
+        assert np.array_equal(value, after[key]), f"{key} changed by the refused step"

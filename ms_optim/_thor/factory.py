@@ -299,5 +299,5 @@ def thor(net, learning_rate, damping, momentum, weight_decay=0.0, loss_scale=1.0
     if limits:  # PYNATIVE: a step past their end is refused before the backward pass writes the factors
         guard = ScheduleGuard(_NAME, optimizer.global_step, limits)
         for layer in layers:
-            layer.factor_tap.schedule_guard = guard
+            layer.factor_tap.set_schedule_guard(guard)
     return optimizer

@@ -43,7 +43,7 @@ from ms_optim.optim._base import check_schedule_length
 __all__ = ["DenseTap", "ConvTap", "EmbeddingTap", "ScheduleGuard"]
 
 
-class ScheduleGuard:
+class ScheduleGuard(nn.Cell):
     """Refuse the step ``step`` indexes past the end of a per-step list before a tap writes the factors.
 
     Args:
@@ -52,20 +52,22 @@ class ScheduleGuard:
         limits (Sequence[Tuple[str, int]]): (argument name, number of values) of each per-step 1-D list.
 
     Calling it raises ``check_schedule_length``'s ValueError (the optimizer's own message) when the step is
-    past the end of one of the lists, and returns ``step`` (for ``ops.depend``). It is plain MindSpore ops,
-    so it also works inside ``ms.jit`` in PYNATIVE mode; a tap does not call it in GRAPH mode (there the
-    step's single graph is refused as a whole: see ``_FactorTap.schedule_guard``).
+    past the end of one of the lists, and returns ``step`` (for ``ops.depend``). A Cell of plain MindSpore
+    ops, so it also compiles inside ``ms.jit`` in PYNATIVE mode; a tap does not call it in GRAPH mode
+    (there the step's single graph is refused as a whole: see ``_FactorTap.schedule_guard``).
     """
 
     def __init__(self, owner: str, step: Parameter, limits: Sequence[Tuple[str, int]]):
+        super().__init__()
         self.owner = owner
         self.step = step
-        self.limits = tuple((name, int(size), Tensor(int(size), mstype.int32)) for name, size in limits)
+        self.limits = tuple((name, int(size)) for name, size in limits)
+        self.sizes = tuple(Tensor(int(size), mstype.int32) for _, size in limits)
 
-    def __call__(self):
+    def construct(self):
         step = self.step
-        for name, size, size_tensor in self.limits:
-            step = check_schedule_length(self.owner, name, size, size_tensor, step)
+        for i in range(len(self.limits)):
+            step = check_schedule_length(self.owner, self.limits[i][0], self.limits[i][1], self.sizes[i], step)
         return step
 
 
@@ -85,7 +87,7 @@ class _FactorTap(nn.Cell):
         super().__init__()
         self.convention = FactorConvention()
         self.block_size = None  # the layer's factor block width (``ThorLayer.set_factor_block_size``)
-        self._schedule_guard = None
+        self.__dict__["_schedule_guard"] = None  # see the schedule_guard property
 
     @property
     def schedule_guard(self):
@@ -95,9 +97,10 @@ class _FactorTap(nn.Cell):
             return None
         return self._schedule_guard
 
-    @schedule_guard.setter
-    def schedule_guard(self, guard) -> None:
-        self._schedule_guard = guard
+    def set_schedule_guard(self, guard: "ScheduleGuard") -> None:
+        """Give this tap the guard ``thor()`` made. Kept out of the Cell tree: the guard holds the
+        optimizer's ``global_step``, which is no Parameter of the net (nor in its checkpoints)."""
+        self.__dict__["_schedule_guard"] = guard
 
     def add_flags_recursive(self, **flags):
         """Ignore amp's precision flags (``to_float``): the tap casts to float32 itself, and a float16
