@@ -28,7 +28,8 @@ from mindspore import Tensor, nn, ops  # noqa: E402
 from ms_optim._bridge import prime_numpy_bridge  # noqa: E402
 
 GLOBAL_BATCH = 8
-CONFIGS = {"split0": [0], "default": None, "trace": None, "embed": None}  # split_indices per configuration
+# split_indices per configuration; "split_past": ResNet-50's hard-coded [26, 53] past this net's 3 layers
+CONFIGS = {"split0": [0], "default": None, "trace": None, "embed": None, "split_past": [0, 26, 53]}
 # the same with the inversions shared across ranks (distribute_inverses=True)
 SHARED_CONFIGS = {"shared_split0": [0], "shared_default": None, "shared_trace": None, "shared_embed": None}
 # trace_thresholds per configuration (decided from the all-reduced factors)
