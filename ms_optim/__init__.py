@@ -1,10 +1,12 @@
 """ms_optim: THOR, LARS, ASGD and Lamb for MindSpore, on CPU, GPU and Ascend.
 
 Public names: ``ms_optim.nn`` (drop-in for ``mindspore.nn``), ``ms_optim.train_thor`` (drop-in for
-``mindspore.train.train_thor``), and every optimizer/THOR name at top level (``ms_optim.Lamb``,
+``mindspore.train.train_thor``), ``ms_optim.amp`` (drop-in for ``mindspore.amp``: ``build_train_network``
+also builds the loss-scaled network on CPU), and every optimizer/THOR name at top level (``ms_optim.Lamb``,
 ``ms_optim.thor``, ``ms_optim.ConvertModelUtils``, ...), and ``ms_optim.release_freed_memory`` (give a
 graph compilation's freed memory back to the system: ``ms_optim._memory``).
 """
+from ms_optim import amp  # noqa: F401  (the facade is lazy: importing it loads nothing else)
 from ms_optim._facade import lazy_dir, lazy_getattr
 from ms_optim.nn import _EXPORTS as _NN_EXPORTS
 from ms_optim.train_thor import _EXPORTS as _TRAIN_THOR_EXPORTS
@@ -15,6 +17,6 @@ __version__ = "0.1.0"
 _EXPORTS = {**_NN_EXPORTS, **_TRAIN_THOR_EXPORTS, "use": "ms_optim._patch", "undo_use": "ms_optim._patch",
             "release_freed_memory": "ms_optim._memory"}
 
-__all__ = sorted(_EXPORTS) + ["nn", "train_thor"]
+__all__ = sorted(_EXPORTS) + ["amp", "nn", "train_thor"]
 __getattr__ = lazy_getattr(_EXPORTS, __name__)
 __dir__ = lazy_dir(_EXPORTS)

@@ -2,12 +2,15 @@
 
 After ``use()`` a script that calls MindSpore's THOR, Lamb, LARS or ASGD, through ``import mindspore.nn
 as nn``, ``from mindspore.nn import LARS``, ``ms.ConvertModelUtils`` or an import from the
-``mindspore.train.train_thor`` package, gets ms_optim's implementation without any edit. How:
+``mindspore.train.train_thor`` package, gets ms_optim's implementation without any edit; so does one that
+trains with loss scaling (``nn.TrainOneStepWithLossScaleCell``, a subclass of it, or ``Model`` with a
+loss-scale manager, through ``mindspore.amp.build_train_network``). How:
 
 * every module already in ``sys.modules`` whose name is ``mindspore`` or starts with ``mindspore.`` is
   scanned, and each attribute that *is* (identity) one of MindSpore's originals for a replaced name
   (``thor``, ``Lamb``, ``LARS``, ``ASGD``, ``DenseThor``, ``Conv2dThor``, ``EmbeddingThor``,
-  ``ConvertModelUtils``, ``ConvertNetUtils``, ``ModelThor``) is set to ms_optim's object. This reaches
+  ``ConvertModelUtils``, ``ConvertNetUtils``, ``ModelThor``, ``TrainOneStepWithLossScaleCell``,
+  ``build_train_network``: the ``_EXPORTS`` tables of the facades) is set to ms_optim's object. This reaches
   the public namespaces (``mindspore``, ``mindspore.nn``, ``mindspore.train``,
   ``mindspore.train.train_thor``) and the modules behind them (``mindspore.nn.optim``,
   ``mindspore.train.train_thor.convert_utils``, ...), so ``import mindspore.nn as nn`` and
@@ -37,14 +40,15 @@ _MISSING = object()
 
 # The facades (module path of the facade, MindSpore namespace it stands in for): the names use()
 # replaces are read from their ``_EXPORTS`` tables, never listed here.
-_FACADES = (("ms_optim.nn", "mindspore.nn"), ("ms_optim.train_thor", "mindspore.train.train_thor"))
+_FACADES = (("ms_optim.nn", "mindspore.nn"), ("ms_optim.train_thor", "mindspore.train.train_thor"),
+            ("ms_optim.amp", "mindspore.amp"))
 
 # Modules where a *definition* of a replaced name (not only a re-export of a known original) is
 # also replaced when it is imported under use(): MindSpore's implementation packages.
 _DEFINING_PREFIXES = ("mindspore.nn.", "mindspore.train.")
 
 # The namespaces a script names directly, in the order they are reported.
-_PUBLIC_MODULES = ("mindspore.nn", "mindspore", "mindspore.train", "mindspore.train.train_thor")
+_PUBLIC_MODULES = ("mindspore.nn", "mindspore", "mindspore.train", "mindspore.train.train_thor", "mindspore.amp")
 
 _lock = threading.RLock()
 _active: Optional["_Session"] = None
@@ -63,12 +67,6 @@ def _mindspore_original(home: str, name: str) -> Any:
     return _MISSING
 
 
-def _extends(ours: Any, original: Any) -> bool:
-    """ms_optim's class subclasses MindSpore's (the portable loss-scale cell): an extension that MindSpore's
-    own code keeps using, not a replacement."""
-    return isinstance(ours, type) and isinstance(original, type) and issubclass(ours, original)
-
-
 def _ours() -> Dict[str, Tuple[Any, str]]:
     """name -> (ms_optim's object, MindSpore namespace) for every replaced name: each facade export that
     re-implements a MindSpore name (imports the implementations; raises ImportError if one fails).
@@ -84,8 +82,7 @@ def _ours() -> Dict[str, Tuple[Any, str]]:
             except Exception as exc:  # report which implementation is missing, then stop before patching
                 raise ImportError(f"ms_optim.use() cannot replace '{name}': importing {module_name} failed "
                                   f"({type(exc).__name__}: {exc})") from exc
-            if not _extends(obj, _mindspore_original(home, name)):
-                found.append((name, obj, home))
+            found.append((name, obj, home))
     found.sort(key=lambda item: isinstance(item[1], type))  # stable: table order within each kind
     return {name: (obj, home) for name, obj, home in found}
 
@@ -274,9 +271,10 @@ class UsePatch:
 
 
 def use(verbose: bool = True) -> UsePatch:
-    """Point MindSpore's THOR, Lamb, LARS and ASGD names at ms_optim's implementations.
+    """Point MindSpore's THOR, Lamb, LARS, ASGD and loss-scale training names at ms_optim's implementations.
 
-    Replaces ``mindspore.nn.{thor, Lamb, LARS, ASGD, DenseThor, Conv2dThor, EmbeddingThor}``,
+    Replaces ``mindspore.nn.{thor, Lamb, LARS, ASGD, DenseThor, Conv2dThor, EmbeddingThor,
+    TrainOneStepWithLossScaleCell}``, ``mindspore.amp.build_train_network`` (which ``Model`` calls),
     ``mindspore.{ConvertModelUtils, ConvertNetUtils}``, ``mindspore.train.{ConvertModelUtils,
     ConvertNetUtils}`` and ``mindspore.train.train_thor.{ConvertModelUtils, ConvertNetUtils, ModelThor}``
     (and every other reference to those objects inside ``mindspore.*``, including modules imported

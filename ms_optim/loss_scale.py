@@ -19,13 +19,30 @@ carry that scale squared.
 
 ``from ms_optim import nn`` gives this class as ``nn.TrainOneStepWithLossScaleCell``; ``ModelThor``
 uses it for ``DynamicLossScaleManager`` and ``FixedLossScaleManager(drop_overflow_update=True)``.
+Under ``ms_optim.use()`` (and ``python -m ms_optim.run``) it *is* ``mindspore.nn.TrainOneStepWithLossScaleCell``
+(and ``mindspore.nn.wrap...``), so a script's own subclass (the model zoo's Bert, Transformer and
+clip-by-global-norm cells) inherits this constructor, the attributes MindSpore's sets (``scale_sense``,
+``loss_scaling_manager``, ``reducer_flag``, ``grad_reducer``, ``allreduce``, ``is_distributed``,
+``degree``, ...) and portable ``start_overflow_check``/``get_overflow_status``/``process_loss_scale``.
+
+``build_train_network`` (what ``Model`` calls) is ``mindspore.amp.build_train_network`` except on CPU
+with a loss-scale manager that skips overflowing steps (``DynamicLossScaleManager``,
+``FixedLossScaleManager(drop_overflow_update=True)``, or amp level ``"O2"``'s default): MindSpore refuses
+those on CPU; here the network and loss are prepared by MindSpore's function as for a manager-less
+run, then wrapped in this cell. ``use()`` installs it as MindSpore's.
 """
 from __future__ import annotations
 
+import numpy as np
+from mindspore import Tensor, context, nn, ops
 from mindspore import dtype as mstype
-from mindspore import nn, ops
+from mindspore.amp import DynamicLossScaleManager
+from mindspore.train import amp as _ms_amp
 
-__all__ = ["TrainOneStepWithLossScaleCell"]
+__all__ = ["TrainOneStepWithLossScaleCell", "build_train_network"]
+
+# MindSpore's function, taken when this module is first imported (before use() can replace it).
+_MINDSPORE_BUILD_TRAIN_NETWORK = _ms_amp.build_train_network
 
 _all_finite = ops.MultitypeFuncGraph("_all_finite")
 
@@ -72,6 +89,8 @@ class TrainOneStepWithLossScaleCell(nn.TrainOneStepWithLossScaleCell):
 
     def __init__(self, network, optimizer, scale_sense):
         super().__init__(network, optimizer, scale_sense)
+        if not self.reducer_flag:  # MindSpore sets it in data parallel only; subclasses read it (grads / degree)
+            self.degree = 1
         self.feeds_loss_scale = callable(getattr(optimizer, "feed_loss_scale", None))
 
     def construct(self, *inputs):
@@ -89,8 +108,20 @@ class TrainOneStepWithLossScaleCell(nn.TrainOneStepWithLossScaleCell):
             loss = ops.depend(loss, self.optimizer(grads))
         return loss, cond, self.scale_sense  # after the manager's update, as MindSpore's cell returns it
 
+    def start_overflow_check(self, pre_cond, compute_input):
+        """Start an overflow check (MindSpore's hook for subclasses): returns ``(status, compute_input)``.
+
+        There is no device status register to clear: ``status`` is a placeholder int32 vector of 8 zeros
+        ordered after ``pre_cond``, to be passed to :meth:`get_overflow_status`; ``compute_input`` is
+        returned unchanged.
+        """
+        status = ops.depend(Tensor(np.zeros(8, np.int32)), pre_cond)
+        return status, compute_input
+
     def get_overflow_status(self, status, compute_output):
-        """True when any gradient has a non-finite element (on any data-parallel rank)."""
+        """True when any gradient has a non-finite element (on any data-parallel rank); ``status`` (from
+        :meth:`start_overflow_check`) only orders the check."""
+        compute_output = ops.depend(compute_output, status)
         flags = self.hyper_map(_all_finite, compute_output)
         finite = ops.stack(flags).all()
         overflow = ops.logical_not(finite)
@@ -98,3 +129,36 @@ class TrainOneStepWithLossScaleCell(nn.TrainOneStepWithLossScaleCell):
             count = self.allreduce(ops.cast(overflow, mstype.float32).reshape((1,)))
             overflow = (count > 0.0).reshape(())
         return overflow
+
+
+def _skips_overflow(manager) -> bool:
+    """The manager's update cell exists (it can skip an overflowing step): the case MindSpore refuses on CPU."""
+    return manager is not None and manager.get_update_cell() is not None
+
+
+def build_train_network(network, optimizer, loss_fn=None, level="O0", boost_level="O0", **kwargs):
+    """``mindspore.amp.build_train_network`` that also builds a loss-scaled network on CPU.
+
+    Same arguments, defaults and result as MindSpore's. On CPU, when the loss-scale manager (the
+    ``loss_scale_manager`` keyword, else the level's default: ``DynamicLossScaleManager()`` for ``"O2"``)
+    can skip overflowing steps, MindSpore raises ValueError; here MindSpore's function prepares the network
+    and loss (mixed precision, loss cell) without a manager, and the result is this module's
+    :class:`TrainOneStepWithLossScaleCell` with the manager's update cell. Everything else is MindSpore's.
+
+    Raises:
+        ValueError: as MindSpore's; and on CPU, for a skipping manager together with ``boost_level`` "O1"/"O2",
+            pipeline stages or gradient accumulation (cells that have no portable loss-scale version here).
+    """
+    manager = kwargs["loss_scale_manager"] if "loss_scale_manager" in kwargs else (
+        DynamicLossScaleManager() if level == "O2" else None)  # amp level O2's documented default
+    on_cpu = context.get_context("device_target") == "CPU" and not context.get_context("enable_ge")
+    if not (on_cpu and _skips_overflow(manager)):
+        return _MINDSPORE_BUILD_TRAIN_NETWORK(network, optimizer, loss_fn, level, boost_level, **kwargs)
+    plain = _MINDSPORE_BUILD_TRAIN_NETWORK(network, optimizer, loss_fn, level, boost_level,
+                                           **dict(kwargs, loss_scale_manager=None))
+    if type(plain) is not nn.TrainOneStepCell:  # pylint: disable=unidiomatic-typecheck
+        raise ValueError(f"For 'build_train_network', a loss_scale_manager that skips overflowing steps "
+                         f"({type(manager).__name__}) is supported on CPU only for a plain training step, but "
+                         f"this call builds {type(plain).__name__} (boost_level {boost_level!r}, pipeline stages "
+                         f"or gradient accumulation).")
+    return TrainOneStepWithLossScaleCell(plain.network, optimizer, scale_sense=manager.get_update_cell()).set_train()

@@ -8,7 +8,8 @@ Usage::
 The script runs exactly as ``python SCRIPT.py ARGS...`` would run it (``__name__ == "__main__"``,
 ``sys.argv[0]`` the script path and the rest its own arguments, the script's folder first on
 ``sys.path``, its exit status returned), except that ``ms_optim.use()`` is active: the MindSpore names
-``mindspore.nn.{thor, Lamb, LARS, ASGD, DenseThor, Conv2dThor, EmbeddingThor}``,
+``mindspore.nn.{thor, Lamb, LARS, ASGD, DenseThor, Conv2dThor, EmbeddingThor, TrainOneStepWithLossScaleCell}``,
+``mindspore.amp.build_train_network``,
 ``mindspore.ConvertModelUtils``, ``mindspore.train.ConvertModelUtils`` and
 ``mindspore.train.train_thor.*`` point at ms_optim's implementations. One line on stderr says what was
 replaced.
@@ -17,6 +18,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import pkgutil
 import runpy
 import sys
 from typing import List, Optional, Sequence
@@ -27,8 +29,9 @@ USAGE = """\
 usage: python -m ms_optim.run [-h] SCRIPT [ARGS ...]
        python -m ms_optim.run [-h] -m MODULE [ARGS ...]
 
-Run a MindSpore training script unmodified, with MindSpore's THOR, Lamb, LARS and ASGD
-(mindspore.nn.{thor, Lamb, LARS, ASGD, DenseThor, Conv2dThor, EmbeddingThor},
+Run a MindSpore training script unmodified, with MindSpore's THOR, Lamb, LARS, ASGD and
+loss-scaled training step (mindspore.nn.{thor, Lamb, LARS, ASGD, DenseThor, Conv2dThor,
+EmbeddingThor, TrainOneStepWithLossScaleCell}, mindspore.amp.build_train_network,
 mindspore.ConvertModelUtils, mindspore.train.ConvertModelUtils, mindspore.train.train_thor.*)
 replaced by ms_optim's, which also run on CPU.
 
@@ -41,8 +44,9 @@ options:
   -m MODULE    run a module as `python -m MODULE` would, instead of a script file
 
 The exit status is the script's; a SCRIPT or MODULE that cannot be found is one line on stderr
-and exit status 2. In your own code, `ms_optim.use()` does the same
-(`with ms_optim.use(): ...`, or `ms_optim.undo_use()` to restore MindSpore's names).
+and exit status 2 (a SCRIPT folder or zip without __main__.py: exit status 1, as `python DIR`).
+In your own code, `ms_optim.use()` does the same (`with ms_optim.use(): ...`, or
+`ms_optim.undo_use()` to restore MindSpore's names).
 """
 
 
@@ -103,6 +107,12 @@ def _top_level_problem(name: str) -> Optional[str]:
     return None if found else f"No module named {top!r}"
 
 
+def _lacks_main(target: str) -> bool:
+    """``target`` is a folder or zip archive (what Python runs through its ``__main__``) without one."""
+    importer = pkgutil.get_importer(os.path.abspath(target))
+    return importer is not None and importer.find_spec("__main__") is None
+
+
 def main(argv: Optional[List[str]] = None) -> int:
     """Entry point of ``python -m ms_optim.run``; returns the process exit status."""
     kind, target, args = _parse(sys.argv[1:] if argv is None else argv)
@@ -112,6 +122,9 @@ def main(argv: Optional[List[str]] = None) -> int:
     if kind == "script" and not os.path.exists(target):
         sys.stderr.write(f"ms_optim.run: error: can't open file {target!r}: no such file\n")
         return 2
+    if kind == "script" and _lacks_main(target):  # before use(): its notice would be a second line
+        sys.stderr.write(f"ms_optim.run: error: can't find '__main__' module in {target!r}\n")
+        return 1  # as `python DIR`
 
     if kind == "module":
         problem = _top_level_problem(target)

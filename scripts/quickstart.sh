@@ -4,7 +4,8 @@
 # and ASGD on CPU, 5 epochs each, every learning rate from model_zoo/lenet/tuned_lr.json (one grid
 # search for all, model_zoo/lenet/tune.py). Shows progress while training (a bar on a terminal, a
 # line per epoch in logs), then a comparison table (final loss, test accuracy, training time, time to
-# 97%, and why a row is below 90%) and saves a plot of test accuracy against training seconds.
+# 85%, and why a row is below 90%, read from its accuracy history) and saves a plot of test accuracy
+# against training seconds.
 # About 3 to 4 minutes on an idle 2-core machine after the first install.
 # Usage: bash scripts/quickstart.sh [extra arguments for model_zoo/lenet/compare.py]
 set -euo pipefail

@@ -20,6 +20,7 @@ from mindspore import Parameter, Tensor, nn, ops
 from mindspore.nn.learning_rate_schedule import LearningRateSchedule
 from optim_table import EMPTY, OPTIMIZERS, mindspore_signature
 
+import ms_optim
 from ms_optim.loss_scale import TrainOneStepWithLossScaleCell  # MindSpore's needs an Ascend-only op on CPU
 from ms_optim.optim._base import check_schedule_length
 
@@ -355,3 +356,20 @@ def test_checkpoint_resume_is_exact(info, tmp_path):
         _assert_states_equal(expected, _state(second), "resumed trajectory")
     finally:
         ms.set_context(mode=ms.PYNATIVE_MODE)
+
+
+@pytest.mark.parametrize("name", ["Lamb", "ASGD"])
+@pytest.mark.parametrize("form", ["list", "groups"])
+def test_same_parameter_twice_is_named(name, form):
+    """``Lamb(params=[w, w])``: the message says that ``params`` holds the same Parameter twice (MindSpore's
+    says a state name ``'lamb_m.weight'`` already exists, or, for groups, a RuntimeError about repeated
+    setting). LARS wraps an optimizer that has already refused such a list."""
+    w = Parameter(Tensor(np.ones((2, 3), np.float32)), name="weight")
+    b = Parameter(Tensor(np.ones(3, np.float32)), name="bias")
+    params = [w, b, w] if form == "list" else [{"params": [w, b]}, {"params": [w], "weight_decay": 0.1}]
+    make = (lambda ps: ms_optim.nn.Lamb(ps, 0.01)) if name == "Lamb" else ms_optim.nn.ASGD
+    with pytest.raises(ValueError) as info:
+        make(params)
+    message = str(info.value)
+    assert f"For '{name}'" in message and "'params'" in message and "same Parameter 'weight' twice" in message
+    make([w, b])  # each once: accepted

@@ -22,7 +22,7 @@ from ms_optim import _patch, run
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SCRIPT = os.path.join(REPO, "tests", "scripts", "thor_mindspore_script.py")
 NAMES = ("thor", "Lamb", "LARS", "ASGD", "DenseThor", "Conv2dThor", "EmbeddingThor", "ConvertModelUtils",
-         "ConvertNetUtils", "ModelThor")
+         "ConvertNetUtils", "ModelThor", "TrainOneStepWithLossScaleCell", "build_train_network")
 
 
 def _env():
@@ -74,7 +74,9 @@ def test_use_replaces_every_public_path_and_undo_restores_exactly(capsys):
     err = capsys.readouterr().err
     lines = [line for line in err.splitlines() if line.startswith("ms_optim.use():")]
     assert len(lines) == 1, err
-    assert "mindspore.nn.{thor, Lamb, LARS, ASGD, DenseThor, Conv2dThor, EmbeddingThor}" in lines[0]
+    assert ("mindspore.nn.{thor, Lamb, LARS, ASGD, DenseThor, Conv2dThor, EmbeddingThor, "
+            "TrainOneStepWithLossScaleCell}") in lines[0]
+    assert "mindspore.amp.{build_train_network}" in lines[0]
     assert "mindspore.train.train_thor.{ConvertModelUtils, ConvertNetUtils, ModelThor}" in lines[0]
 
     assert not _patch.is_active()
@@ -124,9 +126,10 @@ def test_use_replaces_the_names_of_the_facade_tables(monkeypatch):
     with ms_optim.use(verbose=False):
         assert ms_nn.Lamb is _ours("Lamb")
         assert ms_nn.ASGD is original_asgd  # no longer in the table: not replaced
-        # exported by the facade, but a subclass of MindSpore's cell: extended, not replaced
-        assert ms_nn.TrainOneStepWithLossScaleCell is original_cell
+        # a subclass of MindSpore's cell, replaced too (MindSpore's own fails on CPU)
+        assert ms_nn.TrainOneStepWithLossScaleCell is _ours("TrainOneStepWithLossScaleCell")
     assert ms_nn.Lamb.__module__ == "mindspore.nn.optim.lamb"
+    assert ms_nn.TrainOneStepWithLossScaleCell is original_cell
 
 
 def test_use_reaches_modules_imported_later():
@@ -172,6 +175,22 @@ def test_run_main_argv_name_exit_code_and_restore(tmp_path, capsys):
         run.main(["--bogus", str(script)])
 
 
+def test_python_m_run_folder_without_main_is_one_line_as_python(tmp_path):
+    """``python -m ms_optim.run DIR`` without DIR/__main__.py: Python's one line and exit status 1, no
+    runpy traceback; with a __main__.py the folder runs as ``python DIR`` runs it."""
+    folder = tmp_path / "app"
+    folder.mkdir()
+    plain = subprocess.run([sys.executable, str(folder)], capture_output=True, text=True, timeout=60)
+    proc = subprocess.run([sys.executable, "-m", "ms_optim.run", str(folder)], capture_output=True, text=True,
+                          env=_env(), cwd=str(tmp_path), timeout=300)
+    assert (proc.returncode, plain.returncode) == (1, 1), proc.stderr
+    assert proc.stderr.splitlines() == [f"ms_optim.run: error: can't find '__main__' module in '{folder}'"]
+    assert plain.stderr.strip().endswith(f"can't find '__main__' module in '{folder}'")
+    (folder / "__main__.py").write_text("import sys\nprint('MAIN', __name__)\nsys.exit(5)\n")
+    assert run.main([str(folder)]) == 5
+    assert not _patch.is_active()
+
+
 @pytest.mark.parametrize("target, message", [
     ("missing_module", "No module named 'missing_module'"),
     ("missing_package.sub", "No module named 'missing_package'"),
@@ -201,7 +220,7 @@ def test_python_m_ms_optim_run_trains_a_mindspore_thor_script():
     assert proc.returncode == 3, output[-4000:]
     replaced = [line for line in proc.stderr.splitlines() if line.startswith("ms_optim.use():")]
     assert len(replaced) == 1, proc.stderr[-4000:]
-    assert "mindspore.nn.{thor" in replaced[0] and "mindspore.{ConvertModelUtils" in replaced[0]
+    assert "mindspore.nn.{thor" in replaced[0] and "mindspore.{build_train_network, ConvertModelUtils" in replaced[0]
     assert ("script: name=__main__ argv=['--steps', '4', '--frequency', '2', '--exit-code', '3'] "
             "optimizer=ms_optim.") in proc.stdout, output[-4000:]
     assert "model=ms_optim._thor.model.ModelThor" in proc.stdout

@@ -1,4 +1,4 @@
-"""Compare optimizers on LeNet5 + digits: a table (final loss, test accuracy, time, time to 97%) and a plot.
+"""Compare optimizers on LeNet5 + digits: a table (final loss, test accuracy, time, time to 85%) and a plot.
 
 Every optimizer trains the same LeNet5 (same seed, same batches) for ``--epochs`` epochs, or until
 ``--max-seconds`` of training, with its learning rate from ``tuned_lr.json`` (chosen by ``tune.py``,
@@ -46,7 +46,12 @@ from model_zoo.lenet.train import (  # noqa: E402
 
 
 def note(r: Dict, min_accuracy: float) -> str:
-    """Why a row is below ``min_accuracy`` (empty when it is not)."""
+    """Why a row is below ``min_accuracy`` (empty when it is not), read from its accuracy history.
+
+    The held-out accuracy of a run at a constant learning rate moves between evaluations; the note says
+    which of these it is: the run got there and fell back (it swings), it was still climbing when the
+    budget ended (too few steps at this lr), or it levelled off below (the lr's plateau).
+    """
     if "error" in r:
         return f"failed: {r['error']}"
     if r["diverged"] is not None:
@@ -55,7 +60,21 @@ def note(r: Dict, min_accuracy: float) -> str:
         return ""
     if r["stopped_by_time_cap"]:
         return f"below {min_accuracy:.0%}: stopped by the time cap after {r['steps']} steps (machine busy?)"
-    return f"below {min_accuracy:.0%} within the budget ({r['steps']} steps at the tuned lr)"
+    history = r.get("history") or []
+    if not history:
+        return f"below {min_accuracy:.0%} within the budget ({r['steps']} steps at the tuned lr)"
+    best = max(history, key=lambda h: h["test_accuracy"])
+    recent = [h["test_accuracy"] for h in history[-5:]]
+    if best["test_accuracy"] >= min_accuracy:
+        return (f"reached {best['test_accuracy']:.1%} at step {best['step']}, ended at {r['test_accuracy']:.1%}: "
+                f"accuracy swings between evaluations at this constant lr (last {len(recent)}: "
+                f"{min(recent):.1%} to {max(recent):.1%})")
+    first_half = max(h["test_accuracy"] for h in history[:max(1, len(history) // 2)])
+    if any(h is best for h in history[-max(1, len(history) // 4):]):  # its best came in the last quarter
+        return (f"still climbing when the budget ended ({r['steps']} steps; best {best['test_accuracy']:.1%} at "
+                f"step {best['step']}, {first_half:.1%} in the first half): slow start at the tuned lr")
+    return (f"levelled off below {min_accuracy:.0%} (best {best['test_accuracy']:.1%} at step {best['step']}, "
+            f"{r['steps']} steps at the tuned lr)")
 
 
 def format_table(results: List[Dict], target: float, min_accuracy: float = 0.9) -> str:
@@ -110,7 +129,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     parser.add_argument("--epochs", type=int, default=EPOCHS)
     parser.add_argument("--max-seconds", type=float, default=None, help="cap on each run's training time")
     parser.add_argument("--eval-every", type=int, default=EVAL_EVERY)
-    parser.add_argument("--target", type=float, default=0.97)
+    parser.add_argument("--target", type=float, default=0.85,
+                        help="accuracy of the 'time to' column and the plot's line (one every optimizer reaches)")
     parser.add_argument("--min-accuracy", type=float, default=0.9, help="rows below this say why in the table")
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--kl-clip", type=parse_kl_clip, default=THOR_DEFAULTS["kl_clip"], metavar="C|none",

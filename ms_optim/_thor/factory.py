@@ -8,6 +8,7 @@ rule, ``convert.thor_class_for`` (via ``convert.thor_candidates``), for the coun
 """
 from __future__ import annotations
 
+import warnings
 from typing import Any, Callable
 
 import numpy as np
@@ -16,6 +17,8 @@ from mindspore import Tensor, nn
 from ms_optim._thor.conventions import apply_factor_convention, check_factor_convention, resolve_factor_convention
 from ms_optim._thor.convert import ConvertNetUtils, count_thor_cells, thor_candidates, thor_class_for
 from ms_optim._thor.optimizer import ThorOptimizer
+from ms_optim._thor.parallel import data_parallel_group_size
+from ms_optim._thor.taps import ScheduleGuard
 from ms_optim._thor.trace import check_trace_thresholds
 from ms_optim._validation import (
     check_bool,
@@ -63,6 +66,17 @@ def _check_scalar(name: str, value, kind: Callable, bound: Callable) -> None:
     (_check_int32 if kind is check_int else _check_float32)(name, value)
 
 
+def _whole_number(name: str, value: Any) -> Any:
+    """A float with a whole finite value as that int (MindSpore's thor keeps ``batch_size`` in a float32
+    Tensor, so ``32.0`` trains there); anything else unchanged, for the int check that follows."""
+    if isinstance(value, float):
+        _check_float32(name, value)
+        if not value.is_integer():
+            raise ValueError(f"For '{_NAME}', the argument '{name}' must be a whole number, but got {value!r}.")
+        return int(value)
+    return value
+
+
 def _check_kl_clip(kl_clip) -> None:
     """None, or an int/float > 0 that is finite in float32."""
     if kl_clip is None:
@@ -95,10 +109,11 @@ def _validate(net, learning_rate, damping, momentum, weight_decay, loss_scale, b
     _check_scalar("momentum", momentum, check_float, check_non_negative)
     _check_scalar("weight_decay", weight_decay, check_number, check_non_negative)
     _check_scalar("loss_scale", loss_scale, check_number, check_positive)
-    _check_scalar("batch_size", batch_size, check_int, check_positive)
+    _check_scalar("batch_size", _whole_number("batch_size", batch_size), check_int, check_positive)
     check_bool("use_nesterov", use_nesterov, _NAME)
     check_callable("decay_filter", decay_filter, _NAME)
-    check_bool("enable_clip_grad", enable_clip_grad, _NAME)
+    if not isinstance(enable_clip_grad, int):  # MindSpore's thor tests its truth value: 0 and 1 train there too
+        check_bool("enable_clip_grad", enable_clip_grad, _NAME)
     check_int("frequency", frequency, _NAME)
     check_range("frequency", frequency, low=2, cls_name=_NAME)
     _check_int32("frequency", frequency)
@@ -124,13 +139,35 @@ def _validate(net, learning_rate, damping, momentum, weight_decay, loss_scale, b
         check_type("split_indices", split_indices, (list, tuple), _NAME, what="a list of ints or None")
         for index in split_indices:
             check_int("split_indices", index, _NAME)
-            if not 0 <= index < num_layers:
-                raise ValueError(f"For '{_NAME}', the argument 'split_indices' must hold layer indices in "
-                                 f"[0, {num_layers - 1}] (the net has {num_layers} THOR layers), "
-                                 f"but got {list(split_indices)!r}.")
-        if any(b <= a for a, b in zip(split_indices, split_indices[1:])):
-            raise ValueError(f"For '{_NAME}', the argument 'split_indices' must be strictly increasing, "
-                             f"but got {list(split_indices)!r}.")
+
+
+def _fusion_splits(split_indices, num_layers: int):
+    """``split_indices`` as the all-reduce fusion uses it, or None (one group).
+
+    MindSpore's thor reads ``split_indices`` only in data-parallel training, so on one device any list of
+    ints is accepted and ignored (a script may hard-code ResNet-50's ``[26, 53]`` for a smaller net). In
+    data parallel, as MindSpore's fusion pass: an empty list is one group, the indices must be strictly
+    increasing, and an index past the last layer splits nothing (skipped with a warning); a negative
+    index, which MindSpore cannot pass to its fusion pass, is a clear error here.
+
+    Raises:
+        ValueError: in data parallel, if the indices are negative or not strictly increasing.
+    """
+    if split_indices is None or data_parallel_group_size() <= 1:
+        return None if split_indices is None else list(split_indices)
+    indices = list(split_indices)
+    if any(index < 0 for index in indices):
+        raise ValueError(f"For '{_NAME}', the argument 'split_indices' must hold non-negative layer indices in "
+                         f"data-parallel training, but got {indices!r}.")
+    if any(b <= a for a, b in zip(indices, indices[1:])):
+        raise ValueError(f"For '{_NAME}', the argument 'split_indices' must be strictly increasing in "
+                         f"data-parallel training, but got {indices!r}.")
+    kept = [index for index in indices if index < num_layers]
+    if len(kept) < len(indices):
+        warnings.warn(f"For '{_NAME}', 'split_indices' {indices!r}: the net has {num_layers} THOR layers "
+                      f"(indices 0..{num_layers - 1}); the indices past the last layer split nothing and are "
+                      f"ignored, as MindSpore's all-reduce fusion does.", UserWarning, stacklevel=3)
+    return kept
 
 
 def thor(net, learning_rate, damping, momentum, weight_decay=0.0, loss_scale=1.0, batch_size=32,
@@ -159,15 +196,17 @@ def thor(net, learning_rate, damping, momentum, weight_decay=0.0, loss_scale=1.0
             by the square of ``factor_loss_scale``, which starts at this value; a dynamic loss-scale
             cell feeds the live scale with ``feed_loss_scale`` (see :class:`ThorOptimizer`).
             Greater than 0. Default: 1.0.
-        batch_size (int): the batch size B, used by the LayerNorm rule ``g / (g^2 / B + sqrt(damping))``.
-            Default: 32.
+        batch_size (int): the batch size B, used by the LayerNorm rule ``g / (g^2 / B + sqrt(damping))``
+            (a float with a whole value is taken as that int, as MindSpore's thor takes it). Default: 32.
         use_nesterov (bool): Nesterov momentum. Default: False.
         decay_filter (function): parameter -> bool, which parameters get weight decay.
             Default: all of them.
         split_indices (list[int]): data-parallel all-reduce groups of the factors, split after these
-            layer indices (strictly increasing, in [0, number of THOR layers - 1]). Default: None
+            layer indices (strictly increasing; an index past the last THOR layer splits nothing and is
+            ignored with a warning). Read only in data-parallel training, as MindSpore's. Default: None
             (one group).
-        enable_clip_grad (bool): clip every preconditioned gradient to L2 norm 1. Default: False.
+        enable_clip_grad (bool): clip every preconditioned gradient to L2 norm 1 (an int counts as its truth
+            value, as in MindSpore's thor). Default: False.
         frequency (int): recompute factors and inverses every ``frequency`` steps; at least 2.
             Default: 100.
         inverse (str, keyword-only): ``"blocked"`` (diagonal blocks of ``block_size``, the default on
@@ -219,8 +258,9 @@ def thor(net, learning_rate, damping, momentum, weight_decay=0.0, loss_scale=1.0
 
     Raises:
         TypeError: If `learning_rate` or `damping` is not a Tensor.
-        TypeError: If `momentum` is not a float, `frequency` or `batch_size` not an int, `loss_scale`,
-            `weight_decay` or `kl_clip` (unless None) not a number, `use_nesterov` or `enable_clip_grad` not a bool,
+        TypeError: If `momentum` is not a float, `frequency` not an int, `batch_size` not an int or float,
+            `loss_scale`, `weight_decay` or `kl_clip` (unless None) not a number, `use_nesterov` not a bool,
+            `enable_clip_grad` not a bool or int,
             `decay_filter` not callable, `split_indices` not a list of ints, `net` not a Cell,
             `factor_convention` not a str, `distribute_inverses` not a bool, `trace_thresholds` not None,
             a number or a pair of numbers.
@@ -229,10 +269,11 @@ def thor(net, learning_rate, damping, momentum, weight_decay=0.0, loss_scale=1.0
         ValueError: If `weight_decay` or `momentum` is less than 0; if `trace_thresholds` holds a NaN, infinite or
             negative number, is a sequence not of length 2, or has ``omega_1 < omega_2``.
         ValueError: If `momentum`, `weight_decay`, `loss_scale` or `kl_clip` is NaN, infinite or beyond float32.
-        ValueError: If `frequency` is less than 2; if `frequency`, `batch_size`, `block_size` or an entry of
-            `split_indices` does not fit int32.
+        ValueError: If `frequency` is less than 2; if `frequency`, `batch_size` or `block_size` does not fit int32;
+            if `batch_size` is a float with a fractional part.
         ValueError: If `learning_rate`/`damping` is empty, not 0-D/1-D, or holds a negative or
-            non-finite value; if `split_indices` is not strictly increasing valid layer indices; if
+            non-finite value; in data-parallel training, if `split_indices` is not strictly increasing
+            non-negative ints; if
             `net` has no layer THOR can precondition or no trainable parameter; if `net` is itself a
             bare plain layer (``nn.Dense``, ...), which cannot be replaced in place: wrap it in a Cell.
         ValueError (at run time): If the step runs past the end of `learning_rate` or `damping`.
@@ -241,16 +282,22 @@ def thor(net, learning_rate, damping, momentum, weight_decay=0.0, loss_scale=1.0
               split_indices, enable_clip_grad, frequency, inverse, block_size, kl_clip, factor_convention,
               distribute_inverses)
     thresholds = check_trace_thresholds(trace_thresholds, _NAME)  # before the net is converted
+    splits = _fusion_splits(split_indices, count_thor_cells(net))
     convention = resolve_factor_convention(factor_convention)
     ConvertNetUtils().convert_to_thor_net(net)
     layers = [cell for _, cell in thor_candidates(net)]  # the same rule the validation counted with
     apply_factor_convention(layers, convention, int(batch_size))
     for layer in layers:  # the layers store exactly the blocks the optimizer inverts
         layer.set_factor_block_size(int(block_size) if inverse == "blocked" else None)
-    return ThorOptimizer(net, layers, learning_rate, damping, float(momentum), float(weight_decay), float(loss_scale),
-                         int(batch_size), bool(use_nesterov), decay_filter,
-                         list(split_indices) if split_indices is not None else None, bool(enable_clip_grad),
-                         int(frequency), inverse, int(block_size),
-                         kl_clip=None if kl_clip is None else float(kl_clip), factor_convention=convention,
-                         distribute_inverses=distribute_inverses,
-                         trace_thresholds=thresholds)
+    optimizer = ThorOptimizer(net, layers, learning_rate, damping, float(momentum), float(weight_decay),
+                              float(loss_scale), int(batch_size), bool(use_nesterov), decay_filter,
+                              splits, bool(enable_clip_grad), int(frequency), inverse, int(block_size),
+                              kl_clip=None if kl_clip is None else float(kl_clip), factor_convention=convention,
+                              distribute_inverses=distribute_inverses, trace_thresholds=thresholds)
+    limits = [(name, value.shape[0]) for name, value in (("learning_rate", learning_rate), ("damping", damping))
+              if value.ndim == 1]
+    if limits:  # PYNATIVE: a step past their end is refused before the backward pass writes the factors
+        guard = ScheduleGuard(_NAME, optimizer.global_step, limits)
+        for layer in layers:
+            layer.factor_tap.set_schedule_guard(guard)
+    return optimizer

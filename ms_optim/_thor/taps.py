@@ -12,11 +12,19 @@ would cast the inputs of *every* op of a float16 cell).
 
 The factor formulas (and their normalisation) are in ``factors.py``; the layers (``layers.py``) own
 the factor Parameters and the flag and route their pre-activation through a tap in training mode.
+
+A step past the end of THOR's per-step ``learning_rate``/``damping`` is refused by the optimizer, which
+runs after the backward pass. In GRAPH mode the whole step is one graph and the refusal leaves the
+factors untouched; in PYNATIVE mode the backward pass has already run, so ``thor()`` gives every tap a
+:class:`ScheduleGuard` that refuses the same step, with the same error, before the tap writes.
 """
 from __future__ import annotations
 
+from typing import Sequence, Tuple
+
 import numpy as np
-from mindspore import Tensor, nn, ops
+from mindspore import Parameter, Tensor, context, nn, ops
+from mindspore import dtype as mstype
 
 from ms_optim._thor.conventions import FactorConvention
 from ms_optim._thor.factors import (
@@ -30,8 +38,37 @@ from ms_optim._thor.factors import (
     embedding_g,
 )
 from ms_optim._thor.preconditioner import keep_if
+from ms_optim.optim._base import check_schedule_length
 
-__all__ = ["DenseTap", "ConvTap", "EmbeddingTap"]
+__all__ = ["DenseTap", "ConvTap", "EmbeddingTap", "ScheduleGuard"]
+
+
+class ScheduleGuard(nn.Cell):
+    """Refuse the step ``step`` indexes past the end of a per-step list before a tap writes the factors.
+
+    Args:
+        owner (str): the name the optimizer's message uses (``"thor"``).
+        step (Parameter): the optimizer's ``global_step`` (0-based index of the step being run).
+        limits (Sequence[Tuple[str, int]]): (argument name, number of values) of each per-step 1-D list.
+
+    Calling it raises ``check_schedule_length``'s ValueError (the optimizer's own message) when the step is
+    past the end of one of the lists, and returns ``step`` (for ``ops.depend``). A Cell of plain MindSpore
+    ops, so it also compiles inside ``ms.jit`` in PYNATIVE mode; a tap does not call it in GRAPH mode
+    (there the step's single graph is refused as a whole: see ``_FactorTap.schedule_guard``).
+    """
+
+    def __init__(self, owner: str, step: Parameter, limits: Sequence[Tuple[str, int]]):
+        super().__init__()
+        self.owner = owner
+        self.step = step
+        self.limits = tuple((name, int(size)) for name, size in limits)
+        self.sizes = tuple(Tensor(int(size), mstype.int32) for _, size in limits)
+
+    def construct(self):
+        step = self.step
+        for i in range(len(self.limits)):
+            step = check_schedule_length(self.owner, self.limits[i][0], self.limits[i][1], self.sizes[i], step)
+        return step
 
 
 class _FactorTap(nn.Cell):
@@ -50,6 +87,20 @@ class _FactorTap(nn.Cell):
         super().__init__()
         self.convention = FactorConvention()
         self.block_size = None  # the layer's factor block width (``ThorLayer.set_factor_block_size``)
+        self.__dict__["_schedule_guard"] = None  # see the schedule_guard property
+
+    @property
+    def schedule_guard(self):
+        """The :class:`ScheduleGuard` ``thor()`` set, in PYNATIVE mode; None in GRAPH mode, where the graph
+        is compiled without it (read when the graph is parsed)."""
+        if context.get_context("mode") != context.PYNATIVE_MODE:
+            return None
+        return self._schedule_guard
+
+    def set_schedule_guard(self, guard: "ScheduleGuard") -> None:
+        """Give this tap the guard ``thor()`` made. Kept out of the Cell tree: the guard holds the
+        optimizer's ``global_step``, which is no Parameter of the net (nor in its checkpoints)."""
+        self.__dict__["_schedule_guard"] = guard
 
     def add_flags_recursive(self, **flags):
         """Ignore amp's precision flags (``to_float``): the tap casts to float32 itself, and a float16
@@ -68,6 +119,9 @@ class _FactorTap(nn.Cell):
 
     def bprop(self, s, x, flag, a_cov, g_cov, out, dout):
         if flag:
+            guard = self.schedule_guard
+            if guard is not None:  # PYNATIVE: the optimizer refuses this step only after the backward pass
+                dout = ops.depend(dout, guard())
             a_new = self._a_value(x)
             a_new = keep_if(ops.isfinite(a_new).all(), a_new, a_cov)
             g_new = self._g_value(dout)

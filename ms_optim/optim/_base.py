@@ -50,7 +50,7 @@ def check_params(params: Any, cls_name: str, name: str = "params") -> List[Any]:
     Raises:
         TypeError: not iterable, or an element is neither a Parameter nor a dict (or a mix of both),
             or a group's ``params`` holds a non-Parameter.
-        ValueError: empty.
+        ValueError: empty, or the same Parameter twice (in the list, or in two groups).
     """
     if params is None or isinstance(params, (str, bytes, Tensor, dict)) or not isinstance(params, Iterable):
         raise TypeError(f"For '{cls_name}', the argument '{name}' must be a list of Parameter or a list of dict, "
@@ -77,7 +77,22 @@ def check_params(params: Any, cls_name: str, name: str = "params") -> List[Any]:
                 if not isinstance(member, Parameter):
                     raise TypeError(f"For '{cls_name}', every element of 'params' in a group of the argument "
                                     f"'{name}' must be a Parameter, but got {v.describe(member)}.")
+    _check_each_once(params, cls_name, name)
     return params
+
+
+def _check_each_once(params: List[Any], cls_name: str, name: str) -> None:
+    """No Parameter twice in ``params`` (nor in two groups): MindSpore would report only a clash of
+    state names (``'lamb_m.weight' already exists``) or a RuntimeError about repeated setting."""
+    members = params if isinstance(params[0], Parameter) else [
+        member for group in params for member in list(group.get("params", ()))]
+    seen = set()
+    for member in members:
+        if id(member) in seen:
+            where = "" if isinstance(params[0], Parameter) else " (across its groups)"
+            raise ValueError(f"For '{cls_name}', the argument '{name}' must hold each Parameter once, but it holds "
+                             f"the same Parameter '{member.name}' twice{where}.")
+        seen.add(id(member))
 
 
 def check_learning_rate(learning_rate: Any, cls_name: str, name: str = "learning_rate") -> Any:

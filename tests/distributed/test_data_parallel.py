@@ -3,7 +3,8 @@
 Both ranks must end with identical parameters, equal (rtol 1e-4) to one process trained on the
 concatenated batch, with ``split_indices=[0]`` (two fusion groups), the default (one group) and
 ``trace_thresholds`` (the trace rule's decisions and state agree on both ranks and with one process),
-and a net with an embedding (EmbeddingThor's diagonal A factor).
+a net with an embedding (EmbeddingThor's diagonal A factor), and ResNet-50's ``[26, 53]`` appended to
+``[0]`` on this 3-layer net (the indices past the last layer split nothing: bit for bit the ``[0]`` run).
 This holds because the factors are mean-all-reduced: with the per-device normalisation
 A = a^T a / B and G = B d^T d = (1/B) sum_i g_i g_i^T (d = g/B for the local mean loss), the mean of
 the two ranks' factors is the factor of the 2B-sample batch, as the mean gradient is its gradient.
@@ -23,7 +24,7 @@ import pytest
 HERE = os.path.dirname(os.path.abspath(__file__))
 WORKER = os.path.join(HERE, "worker.py")
 OPTIMIZER = "thor"
-CONFIGS = ("split0", "default", "trace", "embed")
+CONFIGS = ("split0", "default", "trace", "embed", "split_past")
 SHARED = {"shared_split0": "split0", "shared_default": "default",  # shared config -> its unshared twin
           "shared_trace": "trace", "shared_embed": "embed"}
 META = ("__losses__", "__owners__", "__costs__", "__sharing_fusion__")
@@ -89,6 +90,17 @@ def test_ranks_identical_and_equal_to_concatenated_batch(results, tag):
     np.testing.assert_allclose((rank0["__losses__"] + rank1["__losses__"]) / 2, single["__losses__"], rtol=1e-4)
     # and the training really moved (the parameters are not at their initial values on both sides)
     assert not np.allclose(rank0["__losses__"][0], rank0["__losses__"][-1])
+
+
+def test_split_indices_past_the_last_layer_split_nothing(results):
+    """[0, 26, 53] on a 3-layer net in data parallel: 26 and 53 are dropped (as MindSpore's fusion pass drops
+    indices past the last gradient), so the run is bit for bit the [0] run on both ranks."""
+    for rank in range(2):
+        got = np.load(results / f"split_past_rank{rank}.npz")
+        want = np.load(results / f"split0_rank{rank}.npz")
+        assert set(got.files) == set(want.files)
+        for name in want.files:
+            np.testing.assert_array_equal(got[name], want[name], err_msg=name)
 
 
 @pytest.mark.parametrize("tag, fusion", [("split0", [1, 2, 2]), ("default", [1, 1, 1])])

@@ -28,7 +28,8 @@ from mindspore import Tensor, nn, ops  # noqa: E402
 from ms_optim._bridge import prime_numpy_bridge  # noqa: E402
 
 GLOBAL_BATCH = 8
-CONFIGS = {"split0": [0], "default": None, "trace": None, "embed": None}  # split_indices per configuration
+# split_indices per configuration; "split_past": ResNet-50's hard-coded [26, 53] past this net's 3 layers
+CONFIGS = {"split0": [0], "default": None, "trace": None, "embed": None, "split_past": [0, 26, 53]}
 # the same with the inversions shared across ranks (distribute_inverses=True)
 SHARED_CONFIGS = {"shared_split0": [0], "shared_default": None, "shared_trace": None, "shared_embed": None}
 # trace_thresholds per configuration (decided from the all-reduced factors)
@@ -94,6 +95,18 @@ def build(optimizer: str, split_indices, batch_size: int, distribute_inverses: b
     return net, nn.TrainOneStepCell(nn.WithLossCell(net, loss), opt)
 
 
+def init_ranks(single: bool):
+    """(rank, number of ranks): (0, 1) alone; under msrun, init() and data parallel with mean gradients."""
+    prime_numpy_bridge()  # before init(): see ms_optim._bridge
+    if single:
+        return 0, 1
+    from mindspore.communication import get_group_size, get_rank, init
+
+    init()
+    ms.set_auto_parallel_context(parallel_mode=ms.ParallelMode.DATA_PARALLEL, gradients_mean=True)
+    return get_rank(), get_group_size()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", required=True)
@@ -102,14 +115,7 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=5)
     args = parser.parse_args()
     ms.set_context(mode=ms.GRAPH_MODE, device_target="CPU")
-    prime_numpy_bridge()  # before init(): see ms_optim._bridge
-    rank, size = 0, 1
-    if not args.single:
-        from mindspore.communication import get_group_size, get_rank, init
-
-        init()
-        rank, size = get_rank(), get_group_size()
-        ms.set_auto_parallel_context(parallel_mode=ms.ParallelMode.DATA_PARALLEL, gradients_mean=True)
+    rank, size = init_ranks(args.single)
     local = GLOBAL_BATCH // size
     xs, ys = global_batches(args.steps)
     configs = dict(CONFIGS, **(SHARED_CONFIGS if args.optimizer == "thor" else {}))

@@ -311,3 +311,23 @@ def test_table_says_why_a_row_is_below_90_percent():
     assert "diverged at step 17" in note(rows[3], 0.9)
     table = format_table(rows, 0.97)
     assert len(table.splitlines()) == 7 and "failed: RuntimeError: boom" in table
+
+
+def _history(accuracies):
+    return [{"step": 11 * (i + 1), "seconds": float(i), "test_accuracy": a, "loss": 1.0}
+            for i, a in enumerate(accuracies)]
+
+
+def test_note_gives_the_reason_from_the_accuracy_history():
+    """Below 90%: the run reached it and fell back (swings), was still climbing, or levelled off; the note
+    says which, with the numbers, instead of restating the final accuracy."""
+    base = {"optimizer": "lamb", "lr": 0.03, "steps": 88, "final_loss": 0.4, "train_seconds": 4.0,
+            "seconds_to_target": None, "stopped_by_time_cap": False, "diverged": None}
+    swings = {**base, "test_accuracy": 0.8, "history": _history([0.5, 0.7, 0.95, 0.85, 0.93, 0.8, 0.92, 0.8])}
+    assert note(swings, 0.9) == ("reached 95.0% at step 33, ended at 80.0%: accuracy swings between evaluations "
+                                 "at this constant lr (last 5: 80.0% to 93.0%)")
+    climbing = {**base, "test_accuracy": 0.87, "history": _history([0.1, 0.2, 0.1, 0.3, 0.4, 0.6, 0.8, 0.87])}
+    assert note(climbing, 0.9) == ("still climbing when the budget ended (88 steps; best 87.0% at step 88, 30.0% "
+                                   "in the first half): slow start at the tuned lr")
+    flat = {**base, "test_accuracy": 0.85, "history": _history([0.5, 0.86, 0.87, 0.85, 0.86, 0.85, 0.84, 0.85])}
+    assert note(flat, 0.9) == "levelled off below 90% (best 87.0% at step 33, 88 steps at the tuned lr)"

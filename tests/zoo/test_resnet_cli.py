@@ -148,6 +148,23 @@ def test_refuses_bad_config_and_overrides(tmp_path, data):
              "'lr_end_epoch' (45) must be >= 'epoch_size' (60)")
 
 
+@pytest.mark.parametrize("key", ["lr_init", "damping_init"])
+def test_refuses_nan_thor_schedule_value_in_one_line(tmp_path, data, key):
+    """A NaN passes the config's ``>= 0`` check; the THOR schedules refuse it, and the trainer reports
+    that refusal as its one-line input error (exit 2), not a traceback."""
+    nan_cfg = tmp_path / "nan.yaml"
+    nan_cfg.write_text(f"net: resnet18\noptimizer: thor\ndataset: cifar10\nclass_num: 10\nbatch_size: 4\n"
+                       f"epoch_size: 1\n{key}: .nan\n")
+    _refused(tmp_path, ["--config_path", str(nan_cfg), "--data_path", data["cifar"]], f"'{key.split('_')[0]}")
+
+
+def test_refuses_a_directory_as_config_path(tmp_path, data):
+    folder = tmp_path / "configs_dir"
+    folder.mkdir()
+    _refused(tmp_path, ["--config_path", str(folder), "--data_path", data["cifar"]],
+             f"config path is a directory, not a config file: {folder}")
+
+
 def test_refuses_non_utf8_and_duplicated_keys(tmp_path, data):
     latin = tmp_path / "latin.yaml"
     latin.write_bytes("net: resnet18\n# r\xe9sum\xe9\n".encode("latin-1"))

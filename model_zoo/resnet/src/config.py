@@ -190,6 +190,8 @@ def _parse_yaml(path: str, text: str) -> Any:
 
 def load_config(path: str, overrides: Optional[Mapping[str, Any]] = None) -> Dict[str, Any]:
     """Defaults, then the YAML file at ``path``, then ``overrides`` (already parsed); checked."""
+    if os.path.isdir(path):
+        raise ConfigError(f"config path is a directory, not a config file: {path}")
     if not os.path.isfile(path):
         raise ConfigError(f"config file not found: {path}")
     try:

@@ -95,15 +95,15 @@ def _build_optimizer(config, net, steps_per_epoch):
     if config["optimizer"] == "thor":
         from ms_optim import nn as thor_nn
 
-        lr, damping = thor_schedules(config, steps_per_epoch)
-        try:
+        try:  # a config value the schedules or THOR refuse (e.g. a NaN lr_init): report it as input error
+            lr, damping = thor_schedules(config, steps_per_epoch)
             opt = thor_nn.thor(net, Tensor(lr), Tensor(damping), config["momentum"], config["weight_decay"],
                                config["loss_scale"], config["batch_size"],
                                split_indices=config["split_indices"], frequency=config["frequency"],
                                factor_convention=config["factor_convention"], inverse=config["inverse"],
                                trace_thresholds=trace_thresholds(config),
                                distribute_inverses=config["distribute_inverses"])
-        except (TypeError, ValueError) as exc:  # a config value THOR refuses: report it as input error
+        except (TypeError, ValueError) as exc:
             raise ConfigError(f"THOR refused the config: {exc}") from None
         return opt, lr
     lr = momentum_lr(config["lr_schedule"], config["lr_max"], config["lr_end"], config["warmup_epochs"],
