@@ -1,11 +1,11 @@
 """Per-layer agreement of ms_optim's THOR with the float64 oracle of each factor convention.
 
-For "gpu", "ascend" and "kfc", two nets (``ConvNet("pad")``: a conv + a Dense layer, so Ascend's
+For "gpu", "ascend" and "kfc", three nets (``ConvNet("pad")``: a conv + a Dense layer, so Ascend's
 max-abs scale is on; ``EmbedNet``: Embedding + Dense + LayerNorm + Dense, batch_size 10 for a real
-batch of 8), loss scale 64, weight decay 1e-3, frequency 2, lr 0.05, damping 0.03: the weight update
-of every THOR layer after 1 and after 3 steps, ms_optim vs ``tests/reference/thor_conventions.py``,
-as relative error ``||u - u_ref|| / ||u_ref||`` and cosine. Prints one table row per convention,
-net, layer and step count.
+batch of 8; ``MLP(6, 5, 2)``: Ascend's ``Ginv = I`` for the 2-output Dense), loss scale 64, weight
+decay 1e-3, frequency 2, lr 0.05, damping 0.03: the weight update of every THOR layer after 1 and
+after 3 steps, ms_optim vs ``tests/reference/thor_conventions.py``, as relative error
+``||u - u_ref|| / ||u_ref||`` and cosine. Prints one table row per convention, net, layer and step count.
 
     python tests/scripts/thor_agreement.py [--mode graph|pynative]
 """
@@ -21,14 +21,16 @@ import mindspore as ms  # noqa: E402
 import numpy as np  # noqa: E402
 from mindspore import Tensor  # noqa: E402
 from reference import thor_conventions as oracle  # noqa: E402
-from reference.thor_ref import ConvRef, EmbedRef, ThorReference  # noqa: E402
+from reference.thor_ref import ConvRef, EmbedRef, MLPRef, ThorReference  # noqa: E402
 from test_thor_conventions import ConvNet, _batches  # noqa: E402
 from test_thor_optimizer import EmbedNet, _init_params, _params, _train_cell  # noqa: E402
+from thor_nets import MLP  # noqa: E402
 
 from ms_optim._thor.factory import thor  # noqa: E402
 
 NETS = {"conv+dense": (lambda: ConvNet("pad"), lambda: ConvRef((3, 2), 2, 1, 1, "pad"), "conv", (), 8),
-        "embedding+dense": (EmbedNet, lambda: EmbedRef(1e-7), "ids", ("ln",), 10)}
+        "embedding+dense": (EmbedNet, lambda: EmbedRef(1e-7), "ids", ("ln",), 10),
+        "dense, 2 outputs": (lambda: MLP(6, 5, 2), MLPRef, "vectors", (), 8)}
 SCALE, WD, LR, DAMPING = 64.0, 1e-3, 0.05, 0.03
 
 
