@@ -17,12 +17,13 @@ epoch (ImageNet on 8 devices: 5004), and the frequency scaled alike: ``max(2, ro
 steps_per_epoch / 5004))`` (2 by default: THOR steps every other step). No label smoothing.
 
 Output: ``benchmarks/results/bench_thor_recipes.json`` (per run: the recipe, convention, loss per
-step, NaN count = steps whose loss is not finite, first NaN step, final held-out accuracy, seconds;
-per recipe the ratio of the final loss of its own convention to kfc's) and ``bench_thor_recipes.png``
-(the loss curves, one panel per recipe).
+step, ``nan_count`` = steps whose loss is not finite (NaN or inf), the first such step, final
+held-out accuracy, seconds; per recipe the ratio of the final loss of its own convention to kfc's)
+and ``bench_thor_recipes.png`` (the loss curves, one panel per recipe).
 
     nice python benchmarks/bench_thor_recipes.py                 # both recipes, 4 runs
     nice python benchmarks/bench_thor_recipes.py --recipes gpu --steps 6
+    python benchmarks/bench_thor_recipes.py --replot                # redraw the PNG from the JSON
 """
 from __future__ import annotations
 
@@ -76,6 +77,7 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", default=os.path.join(RESULTS_DIR, "bench_thor_recipes"),
                         help="output path without extension (JSON and PNG)")
+    parser.add_argument("--replot", action="store_true", help="only redraw the PNG from the JSON at --out")
     return parser.parse_args(argv)
 
 
@@ -148,7 +150,7 @@ def plot(path: str, runs: List[Dict], recipes: Sequence[str]) -> None:
     fig, axes = plt.subplots(1, len(recipes), figsize=(5.5 * len(recipes), 4), squeeze=False)
     for ax, name in zip(axes[0], recipes):
         for run in (r for r in runs if r["recipe"] == name):
-            label = f'{run["convention"]} (NaN steps {run["nan_count"]}, acc {run["test_accuracy"]:.2f})'
+            label = f'{run["convention"]} (non-finite loss steps {run["nan_count"]}, acc {run["test_accuracy"]:.2f})'
             ax.plot(range(len(run["losses"])), run["losses"], marker=".", label=label)
         ax.set_title(f"ResNet-50, published {name.upper()} THOR recipe")
         ax.set_xlabel("step")
@@ -159,6 +161,13 @@ def plot(path: str, runs: List[Dict], recipes: Sequence[str]) -> None:
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     args = parse_args(argv)
+    if args.replot:
+        import json
+
+        with open(args.out + ".json", encoding="utf-8") as handle:
+            saved = json.load(handle)
+        plot(args.out, saved["runs"], saved["args"]["recipes"])
+        return 0
     import mindspore as ms
 
     ms.set_context(mode=ms.GRAPH_MODE, device_target="CPU")
