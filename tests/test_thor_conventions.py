@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 from mindspore import Tensor, nn
 from reference import thor_conventions as oracle
-from reference.thor_ref import ConvRef, EmbedRef, ThorReference
+from reference.thor_ref import ConvRef, EmbedRef, MLPRef, ThorReference
 from test_thor_optimizer import EmbedNet, _init_params, _params, _train_cell
 from thor_nets import MLP, labelled_batches
 from thor_snapshot import assert_unchanged, snapshot
@@ -66,12 +66,24 @@ CASES = {
                          batch_size=8, data="conv", layernorm=()),
     "embed_dense_layernorm_f2_bs10": dict(net=EmbedNet, ref=lambda: EmbedRef(1e-7), frequency=2, batch_size=10,
                                           data="ids", layernorm=("ln",)),
+    # with a loss scale and weight decay: Ascend's max-abs scale on conv AND Dense (a conv net), and
+    # GPU's embedding product L^-1 L^-1, through scaled gradients and decayed weights
+    "conv_pad_f2_scale_wd": dict(net=lambda: ConvNet("pad"), ref=lambda: ConvRef((3, 2), 2, 1, 1, "pad"), frequency=2,
+                                 batch_size=8, data="conv", layernorm=(), loss_scale=64.0, weight_decay=1e-3),
+    "embed_f3_bs10_scale_wd": dict(net=EmbedNet, ref=lambda: EmbedRef(1e-7), frequency=3, batch_size=10,
+                                   data="ids", layernorm=("ln",), loss_scale=64.0, weight_decay=1e-3),
+    # a Dense layer with 2 outputs, no conv: Ascend's Ginv = I for it (not for the hidden layer)
+    "mlp_2_outputs_f2": dict(net=lambda: MLP(6, 5, 2), ref=MLPRef, frequency=2, batch_size=8, data="vectors",
+                             layernorm=()),
 }
 
 
 def _batches(rng, data, steps):
     if data == "conv":
         return [(rng.standard_normal((8, 3, 9, 9)).astype(np.float32), rng.integers(0, 5, 8).astype(np.int32))
+                for _ in range(steps)]
+    if data == "vectors":
+        return [(rng.standard_normal((8, 6)).astype(np.float32), rng.integers(0, 2, 8).astype(np.int32))
                 for _ in range(steps)]
     return [(rng.integers(0, 12, (8, 3)).astype(np.int32), rng.integers(0, 4, 8).astype(np.int32))
             for _ in range(steps)]
@@ -89,12 +101,16 @@ def test_convention_matches_mindspore_oracle(mode, rng, case, convention):
     lr = np.linspace(0.05, 0.025, steps).astype(np.float32)
     damping = np.linspace(0.05, 0.02, steps).astype(np.float32)
     bs, freq = spec["batch_size"], spec["frequency"]
-    ref = ThorReference(spec["ref"](), _params(net), lr, damping, 0.9, batch_size=bs, frequency=freq,
-                        layernorm=spec["layernorm"], inverses=oracle.reference_inverses(convention, bs))
-    opt = thor(net, Tensor(lr), Tensor(damping), 0.9, batch_size=bs, frequency=freq, factor_convention=convention)
+    scale, wd = spec.get("loss_scale", 1.0), spec.get("weight_decay", 0.0)
+    model = spec["ref"]()
+    has_conv = any(kind == "conv" for _, kind in model.layers)
+    ref = ThorReference(model, _params(net), lr, damping, 0.9, weight_decay=wd, batch_size=bs, frequency=freq,
+                        layernorm=spec["layernorm"], inverses=oracle.reference_inverses(convention, bs, has_conv))
+    opt = thor(net, Tensor(lr), Tensor(damping), 0.9, weight_decay=wd, loss_scale=scale, batch_size=bs,
+               frequency=freq, factor_convention=convention)
     assert opt.factor_convention == convention
     assert [c.kind for c in opt.thor_cells] == [kind for _, kind in ref.model.layers]
-    cell = _train_cell(net, opt)
+    cell = _train_cell(net, opt, sens=None if scale == 1.0 else scale)
     for step, (x, y) in enumerate(_batches(rng, spec["data"], steps)):
         loss = cell(Tensor(x), Tensor(y))
         ref.step(x, y)
@@ -105,7 +121,8 @@ def test_convention_matches_mindspore_oracle(mode, rng, case, convention):
                 layer = opt.thor_cells[i]
                 want_a, want_g = effective[name]
                 _close(layer.matrix_a_cov.asnumpy(), want_a, f"{convention} A of {name} at step {step}")
-                _close(layer.matrix_g_cov.asnumpy(), want_g, f"{convention} G of {name} at step {step}")
+                _close(layer.matrix_g_cov.asnumpy() / scale ** 2, want_g,  # the layer's G carries the loss scale
+                       f"{convention} G of {name} at step {step}")
                 _close(_stored_inverse(opt.slots[i].a_inv, kind == "embedding"), ref.a_inv[name],
                        f"{convention} A^-1 of {name} at step {step}")
                 _close(_stored_inverse(opt.slots[i].g_inv, False), ref.g_inv[name],

@@ -31,7 +31,13 @@ layers in ``ms_optim.nn`` and ``ms_optim.train_thor``). How the modules fit:
     converted net and its layers; it never validates or converts.
 
 ``slot.py`` -- ``LayerSlot`` (the optimizer's per-layer constants and stored inverses) and
-    ``invert_layer``, the damped inversion of one layer's factors on a THOR step.
+    ``layer_inverses``/``invert_layer``, the damped inversion of one layer's factors on a THOR step.
+
+``device_rules.py`` -- what MindSpore's ``ThorGpu``/``ThorAscend`` do to the inverses under "gpu"/"ascend"
+    (GPU's embedding product ``L^-1 L^-1``, Ascend's max-abs scale and 2-output ``Ginv = I``), per layer.
+
+``averaging.py`` -- their data-parallel rule: every rank inverts its own factors and the inverses are
+    mean-all-reduced (``"kfc"`` averages the factors instead, ``parallel.py``).
 
 ``grouped.py`` -- ``GroupedInversion``: a THOR step's damped inversions when every layer is inverted
     (no trace rule, no inverse sharing): the factors' diagonal blocks of one width, of every layer, as

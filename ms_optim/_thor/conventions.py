@@ -48,13 +48,40 @@ With ``bs`` equal to the real batch, the three agree on Dense G, and gpu/ascend 
 LayerNorm gamma/beta (``g / (g^2 / bs + sqrt(d))``), inverses, blocks, loss scaling and everything
 else are the same in every convention.
 
-Not reproduced from MindSpore (deliberately): its im2col always uses "same" padding, stride and no
-dilation, whatever the layer's ``pad_mode``/``padding``/``dilation``; here the patches and T follow
-the layer's real geometry in every convention. Ascend's float16 arithmetic, its rescaling of each
-conv-net inverse by its largest entry (it multiplies the product by ``max|Ginv| / max|Ainv|``), and its
-special cases (a Dense layer with 2 outputs gets ``Ginv = I``; fixed kernel shapes) are not
-reproduced; neither are MindSpore's whole-matrix (unblocked) Embedding G inverses (``inverse=``
-decides that here).
+MindSpore's inverse rules, reproduced under "gpu"/"ascend" (``ms_optim._thor.device_rules`` and
+``ms_optim._thor.averaging``; checked against the float64 oracle ``tests/reference/thor_conventions.py``):
+
+* GPU Embedding: the G "inverse" is ``L^-1 L^-1`` (``G' = L L^T`` the damped G; MindSpore's
+  ``MatMul(X, X)`` of ``X = CholeskyTrsm(G')``), not ``G'^-1``: lower triangular, not symmetric.
+* Ascend, in a net with any conv layer: every Conv and Dense product ``Ginv g Ainv`` times
+  ``max|Ginv| / max|Ainv|`` (largest |entry| over the real entries, taken on THOR steps and kept
+  between them); a Dense layer with 2 outputs gets ``Ginv = I`` (with or without conv layers).
+* Data parallel: the inverses of each rank's own factors are mean-all-reduced (Ascend's maxima too),
+  not the factors ("kfc" keeps averaging the factors: the factor of the whole batch). Hence
+  ``distribute_inverses=True`` is refused with gpu/ascend, and ``trace_thresholds`` decides from the
+  mean of the ranks' traces (the same decision on every rank).
+
+Not reproduced, with the reason:
+
+* float16 arithmetic (Ascend's products, fp16 inverses): precision, not formula.
+* MindSpore's im2col always uses "same" padding, stride and no dilation, whatever the layer's
+  ``pad_mode``/``padding``/``dilation``; here the patches and T follow the layer's real geometry.
+* Whole-matrix Embedding G inverses (MindSpore inverts the embedding's G unblocked): ``inverse=``
+  decides here (``"full"`` reproduces it; the default blocks of 128 agree up to 128 columns).
+* ThorAscend in a conv net leaves Embedding and LayerNorm gradients unpreconditioned (its conv-net
+  loop handles Conv and Dense only), and an Embedding or a 2-output Dense there adds inverses but no
+  maxima, so every later layer reads another layer's maxima (an index error when it is the last
+  layer): here each layer uses its own maxima and Embedding/LayerNorm are preconditioned as without conv.
+* ThorAscend writes every non-THOR parameter's product factor into the LAST layer's stored maximum,
+  so when the last THOR layer is a conv followed by other parameters its ``bs / n`` is lost between
+  THOR steps (ResNet's last THOR layer is a Dense: unaffected).
+* ThorAscend's fallback maximum (block counts outside its fused kernel's list 1, 2, 4, 5, 8, 9, 16,
+  18, 32, 36, with padding) includes the identity padding; here the padding never counts (ResNet-50's
+  factor sizes all fall in the list).
+* ``gradients_mean=False``: MindSpore then sums the ranks' inverses (R times the mean); here always the mean.
+* Acceptance: MindSpore keeps whatever its kernels return; here a non-finite or inaccurate inverse is
+  rejected and the stored one kept (the whole layer under Ascend's scale; under inverse averaging
+  unless every rank accepted), so a singular or non-finite factor never puts NaN into the parameters.
 """
 from __future__ import annotations
 

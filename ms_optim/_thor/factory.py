@@ -16,6 +16,7 @@ from mindspore import Tensor, nn
 
 from ms_optim._thor.conventions import apply_factor_convention, check_factor_convention, resolve_factor_convention
 from ms_optim._thor.convert import ConvertNetUtils, count_thor_cells, thor_candidates, thor_class_for
+from ms_optim._thor.device_rules import check_distribute_inverses
 from ms_optim._thor.optimizer import ThorOptimizer
 from ms_optim._thor.parallel import data_parallel_group_size
 from ms_optim._thor.taps import ScheduleGuard
@@ -245,7 +246,9 @@ def thor(net, learning_rate, damping, momentum, weight_decay=0.0, loss_scale=1.0
             blocks of width ``w``, greedy longest-processing-time, the same on every rank) and the inverses
             are shared by a summing AllReduce of zero-padded contributions, fused in the ``split_indices``
             groups: the same numbers, 1/R of the inversion work per rank (KAISA; ``ms_optim._thor.sharing``).
-            Changes nothing on one device. Default: False.
+            Changes nothing on one device. Refused (ValueError) with a ``factor_convention`` that resolves to
+            ``"gpu"`` or ``"ascend"``: those average each rank's own inverses, as MindSpore does
+            (``ms_optim._thor.averaging``), so there is no identical inversion to share. Default: False.
         trace_thresholds (keyword-only): None (default: every layer re-inverted on every THOR step, MindSpore's
             THOR exactly), a number ``omega`` or a pair ``(omega_1, omega_2)``, ``omega_1 >= omega_2 >= 0``:
             THOR's trace rule; on a THOR step layer i is re-inverted only if the relative change
@@ -264,7 +267,8 @@ def thor(net, learning_rate, damping, momentum, weight_decay=0.0, loss_scale=1.0
             `decay_filter` not callable, `split_indices` not a list of ints, `net` not a Cell,
             `factor_convention` not a str, `distribute_inverses` not a bool, `trace_thresholds` not None,
             a number or a pair of numbers.
-        ValueError: If `factor_convention` is not 'auto', 'gpu', 'ascend' or 'kfc'.
+        ValueError: If `factor_convention` is not 'auto', 'gpu', 'ascend' or 'kfc'; if `distribute_inverses` is
+            True and `factor_convention` resolves to 'gpu' or 'ascend'.
         ValueError: If `loss_scale`, `batch_size` or `kl_clip` is not positive.
         ValueError: If `weight_decay` or `momentum` is less than 0; if `trace_thresholds` holds a NaN, infinite or
             negative number, is a sequence not of length 2, or has ``omega_1 < omega_2``.
@@ -284,6 +288,7 @@ def thor(net, learning_rate, damping, momentum, weight_decay=0.0, loss_scale=1.0
     thresholds = check_trace_thresholds(trace_thresholds, _NAME)  # before the net is converted
     splits = _fusion_splits(split_indices, count_thor_cells(net))
     convention = resolve_factor_convention(factor_convention)
+    check_distribute_inverses(distribute_inverses, convention, factor_convention, _NAME)  # _thor.device_rules
     ConvertNetUtils().convert_to_thor_net(net)
     layers = [cell for _, cell in thor_candidates(net)]  # the same rule the validation counted with
     apply_factor_convention(layers, convention, int(batch_size))

@@ -15,10 +15,12 @@ Algorithm (one call of the optimizer is one step ``t``, its ``global_step``; ``f
         for every THOR layer l (DenseThor, Conv2dThor, EmbeddingThor, in cells_and_names() order):
             A_l <- layer.matrix_a_cov                         # collected by the layer this step
             G_l <- layer.matrix_g_cov / factor_loss_scale**2    # the scale of THIS step's backward
-        (A, G) <- FactorAllReduce(A), FactorAllReduce(G)      # mean over data-parallel ranks
+        (A, G) <- FactorAllReduce(A), FactorAllReduce(G)      # mean over data-parallel ranks ("kfc"; "gpu"/"ascend"
+        average the inverses of the local factors instead, as MindSpore does: ms_optim._thor.averaging)
         (distribute_inverses: each rank inverts only its layers, then shares them; ms_optim._thor.sharing)
         Ainv_l <- blockdiag_k (A_l,k + lam I)^-1              # 128-wide diagonal blocks (last smaller),
         Ginv_l <- blockdiag_k (G_l,k + lam I)^-1              # or the whole matrix (inverse="full")
+        (gpu/ascend: MindSpore's special inverses, e.g. Ascend's max-abs scale: ms_optim._thor.device_rules)
         (embedding: Ainv_l <- 1 / (a_l + lam), a_l the diagonal of A)
         (all layers: one batched inversion per block width, ms_optim._thor.grouped; same numbers)
         (with trace_thresholds: only the layers the trace rule of ms_optim._thor.trace selects)
@@ -66,6 +68,8 @@ from mindspore.ops import functional as F
 from mindspore.ops import operations as P
 
 from ms_optim._thor import preconditioner as pc
+from ms_optim._thor.averaging import InverseAveraging, attach_rules, refresh_averaged
+from ms_optim._thor.device_rules import INVERSE
 from ms_optim._thor.grouped import GroupedInversion
 from ms_optim._thor.kl_clip import apply_kl_clip
 from ms_optim._thor.layers import ThorLayer
@@ -110,11 +114,8 @@ def _momentum_step_tensor(opt, momentum, learning_rate, gradient, weight, moment
 
 @_nesterov_step.register("Tensor", "Tensor", "Tensor", "Tensor", "Tensor")
 def _nesterov_step_tensor(momentum, learning_rate, gradient, weight, moment):
-    """accum = m * accum + g; w -= lr * (g + m * accum).
-
-    Written out because ``ApplyMomentum(use_nesterov=True)``'s CPU kernel in MindSpore 2.10 ignores
-    the flag (it performs the plain momentum update).
-    """
+    """accum = m * accum + g; w -= lr * (g + m * accum). Written out: ``ApplyMomentum(use_nesterov=True)``'s
+    CPU kernel in MindSpore 2.10 ignores the flag (it performs the plain momentum update)."""
     gradient = ops.cast(gradient, F.dtype(moment))
     accum = momentum * moment + gradient
     done = ops.assign(moment, accum)
@@ -187,6 +188,7 @@ class ThorOptimizer(Optimizer):
         self.thor_cells = tuple(layers)
         self.num_layers = len(self.thor_cells)
         self._map_parameters(net)
+        attach_rules(self.slots, factor_convention)  # MindSpore's inverse rules for gpu/ascend (_thor.device_rules)
         self.matrix_a_inv = ParameterTuple([slot.a_inv for slot in self.slots])
         self.matrix_g_inv = ParameterTuple([slot.g_inv for slot in self.slots])
         self.matrix_a_cov = ParameterTuple([layer.matrix_a_cov for layer in self.thor_cells])
@@ -195,9 +197,11 @@ class ThorOptimizer(Optimizer):
         self.reduce_a = FactorAllReduce(self.num_layers, self.split_indices, ordered=distribute_inverses)
         self.reduce_g = FactorAllReduce(self.num_layers, self.split_indices, ordered=distribute_inverses)
         self.sharing = InverseSharing(self.slots, self.split_indices, distribute_inverses)  # see _thor.sharing
+        self.averaging = InverseAveraging(self.num_layers, self.split_indices, factor_convention)  # _thor.averaging
         self.trace = None if trace_thresholds is None else TraceSchedule(self.num_layers, trace_thresholds)
-        # every layer inverted on every THOR step: one batched inversion per block width (_thor.grouped)
-        self.batched = self.trace is None and not self.sharing.counts
+        # all layers inverted alike: one batched inversion per block width (_thor.grouped); else layer by layer
+        self.batched = (self.trace is None and not self.sharing.counts and not self.averaging.is_distributed
+                        and all(slot.g_rule == INVERSE and not slot.max_scale for slot in self.slots))
         self.grouped = GroupedInversion(self.slots, self.matrix_a_cov, self.matrix_g_cov) if self.batched else None
         self.factor_loss_scale = Parameter(Tensor(loss_scale, mstype.float32), name="factor_loss_scale",
                                            requires_grad=False)
@@ -219,8 +223,7 @@ class ThorOptimizer(Optimizer):
         return tuple(slot.g_layout for slot in self.slots)
 
     def _map_parameters(self, net: nn.Cell) -> None:
-        """Per trainable parameter: how its gradient is treated and which layer it belongs to; one
-        ``LayerSlot`` per THOR layer (``self.slots``)."""
+        """Per trainable parameter: its treatment and layer; one ``LayerSlot`` per THOR layer (``self.slots``)."""
         role = {}
         for i, layer in enumerate(self.thor_cells):
             role[id(layer.weight_param())] = (pc.EMBEDDING if layer.kind == "embedding" else pc.MATRIX, i)
@@ -254,11 +257,9 @@ class ThorOptimizer(Optimizer):
         return self.frequency
 
     def sync_thor_flags(self) -> None:
-        """Set every layer's ``thor_flag`` to ``global_step % frequency == 0`` (host side).
-
-        Called when the optimizer is built; call it after loading a checkpoint that holds the
-        optimizer's ``global_step`` but not the net's flags (a checkpoint of the whole training
-        cell holds both and needs nothing).
+        """Set every layer's ``thor_flag`` to ``global_step % frequency == 0`` (host side). Called when the
+        optimizer is built; call it after loading a checkpoint that holds the optimizer's ``global_step``
+        but not the net's flags (a checkpoint of the whole training cell holds both and needs nothing).
         """
         step = int(self.global_step.asnumpy().reshape(-1)[0])
         value = Tensor(np.array(step % self.frequency == 0))
@@ -291,20 +292,19 @@ class ThorOptimizer(Optimizer):
         return ops.reshape(ops.gather(self.damping, step, 0), ())
 
     def _refresh_inverses(self, gradients, lam):
-        """THOR step: read the layers' factors, all-reduce, invert (damped, blocked; with ``trace``,
-        only the layers its rule selects), store. Returns a token (int32, shape (1,)) that depends on
-        every store: the caller orders the preconditioning after it. (The gradients go in only as
-        anchors: passing the whole tuple out of the branch made the compiler rewrite a depend on a
-        tuple of every gradient once per layer.)"""
+        """THOR step: read the layers' factors, all-reduce, invert (with ``trace``: the layers it selects), store.
+        Returns a token (int32, shape (1,)) depending on every store; the gradients are only anchors."""
         g_unscale = ops.reciprocal(ops.square(self.factor_loss_scale))
         if self.batched:
             return F.depend(self.zero_step, self.grouped(lam, g_unscale, F.depend(self.zero_step, gradients)))
-        a_factors = ()
-        g_factors = ()
+        a_factors, g_factors = (), ()
         for i in range(self.num_layers):
             anchor = gradients[self.slots[i].grad_index]
             a_factors += (ops.depend(self.matrix_a_cov[i], anchor),)
             g_factors += (ops.depend(self.matrix_g_cov[i], anchor) * g_unscale,)
+        if self.averaging.is_distributed:  # gpu/ascend on R > 1 ranks: the inverses of the local factors are averaged
+            return F.depend(self.zero_step, refresh_averaged(self.averaging, self.slots, self.trace, a_factors,
+                                                             g_factors, lam))
         a_factors = self.reduce_a(self.sharing.after(a_factors, gradients))
         g_factors = self.reduce_g(self.sharing.after(g_factors, a_factors))
         if self.sharing.is_distributed:

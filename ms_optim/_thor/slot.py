@@ -13,11 +13,12 @@ from typing import Optional
 import numpy as np
 from mindspore import Parameter, Tensor, nn, ops
 
+from ms_optim._thor import device_rules as rules
 from ms_optim._thor import preconditioner as pc
 from ms_optim._thor.factors import stored_shape
 from ms_optim._thor.layers import ThorLayer
 
-__all__ = ["LayerSlot", "invert_layer"]
+__all__ = ["LayerSlot", "layer_inverses", "invert_layer"]
 
 
 class LayerSlot(nn.Cell):
@@ -64,10 +65,11 @@ class LayerSlot(nn.Cell):
                              f"call layer.set_factor_block_size({block_size}) (thor() does).")
 
 
-def invert_layer(slot: LayerSlot, a_factor, g_factor, lam):
-    """The accepted damped inverses ``(Ainv, Ginv)`` of one layer: ``(A + lam I)^-1`` and ``(G + lam I)^-1``
-    (blocked; an embedding's A: ``1 / (a + lam)``), each the new inverse if finite and accurate
-    (``preconditioner.accept_inverse``), else ``slot``'s stored one."""
+def layer_inverses(slot: LayerSlot, a_factor, g_factor, lam):
+    """The new damped inverses of one layer and their acceptance, ``(Ainv, ok_a, Ginv, ok_g)``:
+    ``(A + lam I)^-1`` and ``(G + lam I)^-1`` (blocked; an embedding's A: ``1 / (a + lam)``), each ok if finite
+    and accurate (``preconditioner.accept_inverse``); G by the convention's rule where it has one
+    (``device_rules.special_g_inverse``: MindSpore GPU's embedding product, Ascend's identity)."""
     if slot.is_embedding:
         new_a = pc.damped_diagonal_inverse(a_factor, lam)
         ok_a = ops.all(ops.isfinite(new_a))
@@ -78,7 +80,15 @@ def invert_layer(slot: LayerSlot, a_factor, g_factor, lam):
         ok_a = pc.accept_inverse(blocks, new_a, slot.a_eye)
     geom = slot.g_geom
     blocks = pc.damped_blocks(g_factor, lam, geom[0], geom[1], geom[2], slot.g_eye, slot.g_pad_eye)
-    new_g = pc.invert_blocks(blocks)
-    ok_g = pc.accept_inverse(blocks, new_g, slot.g_eye)
-    return pc.keep_if(ok_a, new_a, slot.a_inv), pc.keep_if(ok_g, new_g, slot.g_inv)
+    if slot.g_rule == rules.INVERSE:
+        new_g = pc.invert_blocks(blocks)
+        ok_g = pc.accept_inverse(blocks, new_g, slot.g_eye)
+    else:
+        new_g, ok_g = rules.special_g_inverse(slot, blocks)
+    return new_a, ok_a, new_g, ok_g
 
+
+def invert_layer(slot: LayerSlot, a_factor, g_factor, lam):
+    """The inverses ``(Ainv, Ginv)`` to store for one layer: :func:`layer_inverses`, each the new inverse
+    if accepted, else ``slot``'s stored one (``device_rules.finish_inverses``: Ascend's max-abs scale)."""
+    return rules.finish_inverses(slot, *layer_inverses(slot, a_factor, g_factor, lam))

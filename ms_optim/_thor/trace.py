@@ -55,7 +55,7 @@ from mindspore import Parameter, ParameterTuple, Tensor, nn, ops
 
 from ms_optim._validation import check_finite, check_non_negative, describe
 
-__all__ = ["check_trace_thresholds", "TraceSchedule", "decide", "MAX_INTERVAL"]
+__all__ = ["check_trace_thresholds", "TraceSchedule", "decide", "decide_trace", "factor_trace", "MAX_INTERVAL"]
 
 #: Cap of the per-layer interval ``m`` (THOR steps), so its doubling never overflows int32.
 MAX_INTERVAL = 2**30
@@ -103,7 +103,7 @@ def check_trace_thresholds(value, cls_name: str = "thor") -> Optional[Tuple[floa
     return omega, omega
 
 
-def _trace(factor, diagonal: bool):
+def factor_trace(factor, diagonal: bool):
     """``||F||_tr`` as a float32 scalar: the sum of the diagonal (of the entries of a diagonal factor; of
     every block's diagonal for a factor stored as ``(nblocks, bs, bs)`` diagonal blocks, whose zero
     padding adds nothing)."""
@@ -114,6 +114,9 @@ def _trace(factor, diagonal: bool):
         return ops.trace(factor)
     nblocks, bs = factor.shape[0], factor.shape[1]
     return ops.reduce_sum(ops.reshape(factor, (nblocks, bs * bs))[:, ::bs + 1])
+
+
+_trace = factor_trace  # its former name
 
 
 class TraceSchedule(nn.Cell):
@@ -154,7 +157,11 @@ def decide(schedule: TraceSchedule, i: int, a_factor, g_factor, a_diagonal: bool
 
     A module function, not a method: GRAPH_MODE resolves it once, whatever the number of optimizers.
     """
-    trace_now = _trace(a_factor, a_diagonal) * _trace(g_factor, False)
+    return decide_trace(schedule, i, factor_trace(a_factor, a_diagonal) * factor_trace(g_factor, False))
+
+
+def decide_trace(schedule: TraceSchedule, i: int, trace_now):
+    """:func:`decide` from the layer's FIM-block trace ``trace_now`` (``||A||_tr * ||G||_tr``) itself."""
     last = schedule.last_trace[i]
     delta = ops.abs(trace_now - last) / last
     since = schedule.since[i] + schedule.one

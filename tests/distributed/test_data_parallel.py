@@ -12,6 +12,12 @@ the two ranks' factors is the factor of the 2B-sample batch, as the mean gradien
 With ``distribute_inverses=True`` each layer is inverted by one rank only (each rank's
 ``inversion_count`` shows its share; the shares partition the layers) and the parameters are those of
 the run where both ranks invert everything, and so again those of the concatenated batch.
+
+With ``factor_convention`` "gpu" or "ascend" (``worker.DEVICE_CONFIGS``: a conv + Dense net under each, an
+Embedding net under gpu, and the trace rule under ascend; loss scale 32, weight decay; GRAPH and
+PYNATIVE mode) the ranks average their own inverses as MindSpore does: both ranks must end identical
+and equal the float64 oracle of that rule (``reference.thor_ranks.ShardedModel`` with
+``reference.thor_conventions``), step by step in loss and at the end in every parameter and inverse.
 """
 import os
 import socket
@@ -22,6 +28,9 @@ import numpy as np
 import pytest
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+import worker  # noqa: E402  (its configurations: the oracle below replays them)
+
 WORKER = os.path.join(HERE, "worker.py")
 OPTIMIZER = "thor"
 CONFIGS = ("split0", "default", "trace", "embed", "split_past")
@@ -162,3 +171,68 @@ def test_each_rank_inverts_only_its_share(results, shared):
     np.testing.assert_array_equal(single["inversion_count"], per_layer)
     fusion = ranks[0]["__sharing_fusion__"]  # one fused AllReduce per split_indices group, ids apart from the factors'
     assert list(fusion) == ([1024, 1025, 1025] if shared == "shared_split0" else [1024] * len(costs))
+
+
+def _device_oracle(tag, init):
+    """The float64 replay of ``worker.DEVICE_CONFIGS[tag]`` on 2 ranks of 4 (MindSpore's inverse averaging)."""
+    from reference.thor_conventions import reference_inverses
+    from reference.thor_ranks import ShardedModel
+    from reference.thor_ref import ConvRef, EmbedRef, ThorReference
+    from reference.thor_trace_ref import ThorTraceReference
+
+    _, convention, trace, data = worker.DEVICE_CONFIGS[tag]
+    model = ConvRef((3, 3), 1, 1, 1, "pad") if data == "images" else EmbedRef(1e-7)
+    has_conv = data == "images"
+    local = worker.GLOBAL_BATCH // 2
+    kwargs = dict(weight_decay=worker.DEVICE_WD, batch_size=local, frequency=2,
+                  layernorm=() if has_conv else ("ln",), inverses=reference_inverses(convention, local, has_conv))
+    lr = np.full(64, worker.DEVICE_LR)
+    damping = np.full(64, worker.DEVICE_DAMPING)
+    sharded = ShardedModel(model, 2, convention, local)
+    if trace is None:
+        return ThorReference(sharded, init, lr, damping, 0.9, **kwargs)
+    return ThorTraceReference(sharded, init, lr, damping, 0.9, trace_thresholds=trace, **kwargs)
+
+
+@pytest.mark.parametrize("mode", ["graph", "pynative"])
+@pytest.mark.parametrize("tag", sorted(worker.DEVICE_CONFIGS))
+def test_device_conventions_average_inverses_as_mindspore(results, tag, mode):
+    ranks = [np.load(results / f"{tag}_{mode}_rank{r}.npz") for r in range(2)]
+    for name in (n for n in ranks[0].files if n != "__losses__"):  # parameters, inverses, counters: equal on both
+        np.testing.assert_array_equal(ranks[0][name], ranks[1][name], err_msg=name)
+    init = {k[len("__init__/"):]: ranks[0][k].astype(np.float64) for k in ranks[0].files if k.startswith("__init__/")}
+    ref = _device_oracle(tag, init)
+    xs, ys = worker.device_batches(worker.DEVICE_CONFIGS[tag][3], 5)
+    for s in range(5):
+        ref.step(xs[s].astype(np.float64) if xs.dtype == np.float32 else xs[s], ys[s])
+    losses = (ranks[0]["__losses__"] + ranks[1]["__losses__"]) / 2  # each rank's loss is its shard's
+    np.testing.assert_allclose(losses, ref.losses, rtol=1e-3, err_msg="mean loss per step")
+    for name, want in ref.params.items():
+        np.testing.assert_allclose(ranks[0][name], want, rtol=1e-3, atol=1e-6, err_msg=f"{tag} {name}")
+    for i, (name, _) in enumerate(ref.model.layers):  # the inverses of the last THOR step (step 4)
+        for which, want in (("a", ref.a_inv[name]), ("g", ref.g_inv[name])):
+            got = ranks[0][f"matrix_{which}_inv_blocks_{i}"].astype(np.float64)
+            got = got if got.ndim == 1 else got[0]
+            np.testing.assert_allclose(got, want, rtol=1e-3, atol=1e-3 * np.abs(want).max(),
+                                       err_msg=f"{tag} {which} inverse of {name}")
+    if worker.DEVICE_CONFIGS[tag][2] is not None:  # the trace rule: the oracle's decisions from the mean traces
+        counts = [int(ranks[0][f"thor_inversions_{i}"]) for i in range(len(ref.model.layers))]
+        assert counts == [ref.inversions[name] for name, _ in ref.model.layers], (counts, ref.inversions)
+        assert min(counts) >= 1 and sum(counts) < 3 * len(counts), counts  # some layer skipped a refresh
+
+
+def test_averaging_inverses_is_not_averaging_factors():
+    """The rule the device configurations check is a different number from the factor mean (else the test
+    above could not tell them apart): conv layer, 2 ranks, gpu and ascend."""
+    rng = np.random.default_rng(2)
+    from reference.thor_conventions import effective_factors, inverses
+    from reference.thor_ref import block_inverse
+
+    args = dict(kernel_size=(3, 3), stride=1, dilation=1, pad_mode="pad", padding=1)
+    raws = tuple(("conv", rng.standard_normal((4, 2, 4, 4)) * (1 + 3 * r), rng.standard_normal((4, 3, 4, 4)), args)
+                 for r in range(2))
+    for convention in ("gpu", "ascend"):
+        a_avg, _ = inverses(convention, raws, 0.03, 4)
+        mean_a = np.mean([effective_factors(convention, raw, 4)[0] for raw in raws], axis=0)
+        a_of_mean = block_inverse(mean_a, np.sqrt(0.03), 128)
+        assert np.abs(a_avg - a_of_mean).max() > 0.05 * np.abs(a_of_mean).max(), convention

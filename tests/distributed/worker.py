@@ -7,7 +7,10 @@ every configuration to ``OUT/<tag>_rank<r>.npz`` (``OUT/<tag>_single.npz`` alone
 check of ``FactorAllReduce`` under ``msrun``.
 
 Configurations: ``CONFIGS`` (every rank inverts every layer) and ``SHARED_CONFIGS`` (THOR only,
-``distribute_inverses=True``: each layer inverted by one rank, counted in ``inversion_count``).
+``distribute_inverses=True``: each layer inverted by one rank, counted in ``inversion_count``), and
+``DEVICE_CONFIGS`` (THOR only, ``factor_convention`` "gpu"/"ascend": MindSpore's inverse averaging; each
+in GRAPH_MODE and PYNATIVE_MODE, tags ``<config>_<mode>``, with the initial parameters saved as
+``__init__/<name>`` for the float64 oracle of ``test_data_parallel.py``).
 
 Usage: python worker.py --out DIR --optimizer {thor,momentum} [--single] [--steps N]
 """
@@ -68,6 +71,34 @@ class EmbedNet(nn.Cell):
 
 
 NETS = {"embed": EmbedNet, "shared_embed": EmbedNet}  # the net per configuration (default SmallNet)
+
+
+class ConvFcNet(nn.Cell):
+    """conv(2->3, 3x3, pad 1, bias) -> ReLU -> flatten -> Dense(48 -> 3): ``reference.thor_ref.ConvRef``."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(2, 3, 3, pad_mode="pad", padding=1, has_bias=True)
+        self.relu = nn.ReLU()
+        self.flatten = nn.Flatten()
+        self.fc = nn.Dense(3 * 4 * 4, 3)
+
+    def construct(self, x):
+        return self.fc(self.flatten(self.relu(self.conv(x))))
+
+
+def _ids_net():
+    from test_thor_optimizer import EmbedNet as IdsNet  # Embedding(12, 6) x 3 tokens -> Dense -> LayerNorm -> Dense(4)
+
+    return IdsNet()
+
+
+# factor_convention "gpu"/"ascend" (inverses averaged over the ranks): (net, convention, trace_thresholds, data)
+DEVICE_CONFIGS = {"gpu_conv": (ConvFcNet, "gpu", None, "images"),
+                  "ascend_conv": (ConvFcNet, "ascend", None, "images"),
+                  "gpu_embed": (_ids_net, "gpu", None, "ids"),
+                  "ascend_trace": (ConvFcNet, "ascend", (2.0, 0.1), "images")}  # deltas ~1.3 then ~0.8: due, then skip
+DEVICE_LR, DEVICE_DAMPING, DEVICE_WD, DEVICE_SCALE = 0.05, 0.03, 1e-3, 32.0
 
 
 def global_batches(steps: int):
@@ -149,7 +180,50 @@ def main() -> None:
             fusion = np.array([op.attrs["fusion"] for op in cell.allreduces])
             np.savez(os.path.join(args.out, f"allreduce_{tag}_rank{rank}.npz"),
                      *[r.asnumpy() for r in reduced], fusion=fusion)
+    if args.optimizer == "thor" and not args.single:
+        run_device_configs(args, rank, local)
     print(f"worker rank {rank}/{size} done")
+
+
+def device_batches(data: str, steps: int):
+    """The global batches of a ``DEVICE_CONFIGS`` entry: images (B, 2, 4, 4) with 3 classes, or ids (B, 3) < 12
+    with 4 classes."""
+    if data == "images":
+        return global_batches(steps)
+    rng = np.random.default_rng(8)
+    return (rng.integers(0, 12, size=(steps, GLOBAL_BATCH, 3)).astype(np.int32),
+            rng.integers(0, 4, size=(steps, GLOBAL_BATCH)).astype(np.int32))
+
+
+def run_device_configs(args, rank: int, local: int) -> None:
+    """Each of ``DEVICE_CONFIGS`` in both modes, with loss scale and weight decay, from well-scaled initial
+    values (``test_thor_optimizer._init_params``, the same on every rank)."""
+    sys.path.insert(0, os.path.join(ROOT, "tests"))
+    from test_thor_optimizer import _init_params
+
+    from ms_optim.nn import thor
+
+    for mode_name, mode in (("graph", ms.GRAPH_MODE), ("pynative", ms.PYNATIVE_MODE)):
+        ms.set_context(mode=mode)
+        for tag, (make, convention, trace, data) in DEVICE_CONFIGS.items():
+            net = make()
+            _init_params(net, np.random.default_rng(11))
+            init = {f"__init__/{p.name}": p.asnumpy().copy() for p in net.trainable_params()}  # not a view
+            opt = thor(net, Tensor(np.full((64,), DEVICE_LR, np.float32)),
+                       Tensor(np.full((64,), DEVICE_DAMPING, np.float32)), 0.9, weight_decay=DEVICE_WD,
+                       loss_scale=DEVICE_SCALE, batch_size=local, frequency=2, factor_convention=convention,
+                       trace_thresholds=trace)
+            loss = nn.SoftmaxCrossEntropyWithLogits(sparse=True, reduction="mean")
+            train = nn.TrainOneStepCell(nn.WithLossCell(net, loss), opt, sens=DEVICE_SCALE)
+            xs, ys = device_batches(data, args.steps)
+            losses = [float(train(Tensor(xs[s, rank * local:(rank + 1) * local]),
+                                  Tensor(ys[s, rank * local:(rank + 1) * local])).asnumpy()) for s in range(args.steps)]
+            params = {p.name: p.asnumpy() for p in net.trainable_params()}
+            params.update({p.name: p.asnumpy() for p in opt.get_parameters() if "inv" in p.name})
+            params.update(init, __losses__=np.array(losses))
+            name = f"{tag}_{mode_name}_single.npz" if args.single else f"{tag}_{mode_name}_rank{rank}.npz"
+            np.savez(os.path.join(args.out, name), **params)
+    ms.set_context(mode=ms.GRAPH_MODE)
 
 
 if __name__ == "__main__":

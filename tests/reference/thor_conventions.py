@@ -29,12 +29,18 @@ Optimizers (d the step's damping, ``binv(F, lam)`` the 128-wide block-diagonal `
   Embedding: ``Ainv = 1 / (A / bs + sqrt(d))``, ``Ginv = (G + sqrt(d) I)^-1`` (whole matrix).
 * ThorAscend (thor.py 979-1013 conv, 892-935 Dense, 1043-1061 Embedding): G <- G bs^2; conv damping
   ``d bs / a_normalizer`` on A and ``d bs / g_normalizer`` on G, and the product ``Ginv g Ainv``
-  multiplied by ``bs / a_normalizer`` (1185); Dense and Embedding as on GPU. The oracle returns that
-  product factor split evenly over the two inverses (``sqrt(bs / n)`` each): the update is the same,
-  and ms_optim's stored inverses are compared in that form. (Not modelled, as ms_optim does not
-  reproduce them: Ascend's float16 casts and its ``max|Ginv| / max|Ainv|`` rescale of conv-net
-  products (1251-1260), the Dense-with-2-outputs ``Ginv = I`` case; and the im2col of both devices,
-  which always uses "same" padding: here the patches follow the layer's own geometry.)
+  multiplied by ``bs / a_normalizer`` (1185); Dense and Embedding as on GPU. In a net with any conv
+  layer every Conv and Dense product is also multiplied by ``g_max / a_max`` (the largest |entry| of
+  Ginv and Ainv: thor.py 1236-1260 divide each inverse by its maximum and multiply by ``g_max^2``);
+  a Dense layer with 2 outputs gets ``Ginv = I``. The oracle returns the product factor split evenly
+  over the two inverses (``sqrt(bs / n)`` each) and the max ratio in Ginv: the update is the same,
+  and ms_optim's stored inverses are compared in that form.
+* GPU Embedding (thor.py 520-529): ``Ginv = X X`` with ``X = CholeskyTrsm(G') = L^-1``.
+* Data parallel (thor.py 575-577, 1227-1232): both all-reduce (mean) the inverses of each rank's
+  factors, Ascend its maxima too (``inverses`` of a tuple of per-rank ``raw`` entries).
+
+Not modelled, as ms_optim does not reproduce them: Ascend's float16 casts; the im2col of both devices,
+which always uses "same" padding (here the patches follow the layer's own geometry).
 """
 from __future__ import annotations
 
@@ -89,31 +95,76 @@ def layer_factors(convention: str, raw) -> Tuple[Array, Array, float, float]:
     return counts, d.T @ d / ids.size, 1.0, 1.0
 
 
-def inverses(convention: str, raw, damping: float, batch_size: int, block_size=128) -> Tuple[Array, Array]:
-    """The damped inverses ``(Ainv, Ginv)`` the device's optimizer applies as ``Ginv g Ainv`` (embedding:
-    ``diag(Ainv) g Ginv``), any product factor folded in evenly (module docstring)."""
+def device_inverses(convention: str, raw, damping: float, batch_size: int, block_size=128) -> Dict[str, object]:
+    """What the device's optimizer computes for one layer on one rank, before any all-reduce:
+    ``a``/``g`` the inverses as it all-reduces them (gpu conv: times ``feature_map``), ``a_max``/``g_max``
+    their largest |entry| (Ascend's maxima), ``factor`` the remaining product factor (Ascend conv:
+    ``bs / a_normalizer``, 1 elsewhere).
+
+    GPU Embedding: ``X = CholeskyTrsm(G') = L^-1`` (``G' = L L^T``; cuSOLVER's upper factor solved in a
+    row-major buffer) and the "inverse" is ``MatMul(X, X) = L^-1 L^-1`` (thor.py 528-529), not ``G'^-1``.
+    Ascend Dense with 2 outputs: ``Ginv = I`` (thor.py 904-906)."""
     kind = raw[0]
     a, g, a_norm, g_norm = layer_factors(convention, raw)
+    out = dict(factor=1.0)
     if convention == "kfc":
         lam = math.sqrt(damping)
-        a_inv = 1.0 / (a + lam) if kind == "embedding" else block_inverse(a, lam, block_size)
-        return a_inv, block_inverse(g, lam, block_size)
-    bs = float(batch_size)
-    g = g * bs * bs
-    if kind == "embedding":
+        out["a"] = 1.0 / (a + lam) if kind == "embedding" else block_inverse(a, lam, block_size)
+        out["g"] = block_inverse(g, lam, block_size)
+    elif kind == "embedding":
+        bs = float(batch_size)
         lam = math.sqrt(damping)
-        return 1.0 / (a / bs + lam), np.linalg.inv(g + lam * np.eye(g.shape[0]))
-    damping_a = damping_g = damping
-    scale_a = scale_g = 1.0
-    if kind == "conv" and convention == "gpu":
-        damping_a, damping_g = damping / a_norm, damping / g_norm
-        scale_a = scale_g = math.sqrt(1.0 / a_norm)
-    elif kind == "conv":
-        damping_a, damping_g = damping * bs / a_norm, damping * bs / g_norm
-        scale_a = scale_g = math.sqrt(bs / a_norm)
-    a_inv = block_inverse(a, math.sqrt(damping_a), block_size) * scale_a
-    g_inv = block_inverse(g, math.sqrt(damping_g), block_size) * scale_g
-    return a_inv, g_inv
+        damped = g * bs * bs + lam * np.eye(g.shape[0])
+        out["a"] = 1.0 / (a / bs + lam)
+        if convention == "gpu":
+            whitening = np.linalg.inv(np.linalg.cholesky(damped))
+            out["g"] = whitening @ whitening
+        else:
+            out["g"] = np.linalg.inv(damped)
+    else:
+        bs = float(batch_size)
+        damping_a = damping_g = damping
+        scale = 1.0
+        if kind == "conv" and convention == "gpu":
+            damping_a, damping_g = damping / a_norm, damping / g_norm
+            scale = math.sqrt(1.0 / a_norm)
+        elif kind == "conv":
+            damping_a, damping_g = damping * bs / a_norm, damping * bs / g_norm
+            out["factor"] = bs / a_norm
+        out["a"] = block_inverse(a, math.sqrt(damping_a), block_size) * scale
+        if convention == "ascend" and kind == "dense" and g.shape[0] == 2:
+            out["g"] = np.eye(2)
+        else:
+            out["g"] = block_inverse(g * bs * bs, math.sqrt(damping_g), block_size) * scale
+    out["a_max"] = float(np.abs(out["a"]).max())
+    out["g_max"] = float(np.abs(out["g"]).max())
+    return out
+
+
+def max_scaled(convention: str, kind: str, g_dim: int, has_conv: bool) -> bool:
+    """Whether ThorAscend scales this layer's product by ``g_max / a_max``: Conv and Dense layers (not
+    the 2-output Dense, whose ``Ginv = I``) of a net with any conv layer (thor.py 919-925, 1003-1013,
+    1236-1260)."""
+    return convention == "ascend" and has_conv and kind in ("conv", "dense") and not (kind == "dense" and g_dim == 2)
+
+
+def inverses(convention: str, raw, damping: float, batch_size: int, block_size=128,
+             has_conv: bool = False) -> Tuple[Array, Array]:
+    """The damped inverses ``(Ainv, Ginv)`` the device's optimizer applies as ``Ginv g Ainv`` (embedding:
+    ``diag(Ainv) g Ginv``). ``raw`` is one layer's ``thor_ref`` entry, or a tuple of them (one per
+    data-parallel rank): the device all-reduces (mean) the inverses and Ascend's maxima (thor.py
+    575-577, 1227-1232). Ascend's max-abs scale ``mean g_max / mean a_max`` is folded into ``Ginv``
+    and its conv product factor split evenly over the two (``sqrt`` each): the update is the same, and
+    ms_optim's stored inverses are compared in that form."""
+    ranks = [raw] if isinstance(raw[0], str) else list(raw)
+    parts = [device_inverses(convention, one, damping, batch_size, block_size) for one in ranks]
+    a = np.mean([p["a"] for p in parts], axis=0)
+    g = np.mean([p["g"] for p in parts], axis=0)
+    root = math.sqrt(parts[0]["factor"])
+    ratio = 1.0
+    if max_scaled(convention, ranks[0][0], g.shape[0], has_conv):
+        ratio = np.mean([p["g_max"] for p in parts]) / np.mean([p["a_max"] for p in parts])
+    return a * root, g * root * ratio
 
 
 def effective_factors(convention: str, raw, batch_size: int) -> Tuple[Array, Array]:
@@ -134,10 +185,10 @@ def effective_factors(convention: str, raw, batch_size: int) -> Tuple[Array, Arr
     return k * a, k * g
 
 
-def reference_inverses(convention: str, batch_size: int):
-    """The ``inverses`` hook of ``ThorReference`` for ``convention``."""
+def reference_inverses(convention: str, batch_size: int, has_conv: bool = False):
+    """The ``inverses`` hook of ``ThorReference`` for ``convention`` (``has_conv``: the net has a conv layer)."""
     def hook(raw, damping: float) -> Tuple[Array, Array]:
-        return inverses(convention, raw, damping, batch_size)
+        return inverses(convention, raw, damping, batch_size, has_conv=has_conv)
     return hook
 
 
