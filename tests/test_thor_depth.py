@@ -1,13 +1,11 @@
-"""THOR at depth: the batched inversion per block width (``_thor.grouped``) and the stacked
-preconditioning of layers that share a geometry (``_thor.stacked``) give THOR's numbers.
+"""THOR at depth: the batched inversion per block width (``_thor.grouped``) gives THOR's numbers.
 
 * A deep MLP with repeated 150-wide hidden layers (A and G of 150 split into 128-wide blocks, so
-  blocks of several layers and both factors share one batched inversion, and the two 150x150 weights
-  share one stacked product) against the float64 NumPy oracle, every parameter after every step, in
-  PYNATIVE and GRAPH mode, blocked and whole-matrix inverses.
+  blocks of several layers and both factors share one batched inversion) against the float64 NumPy
+  oracle, every parameter after every step, in PYNATIVE and GRAPH mode, blocked and whole inverses.
 * A conv net with three identical 3x3 convolutions (A of 144: two blocks, the last padded) trained
-  with a loss scale: equal to the per-layer path (no grouping, no stacking), which the other oracle
-  tests check.
+  with a loss scale: equal to the per-layer inversion (``slot.invert_layer``), which the other oracle
+  tests check; the first THOR step's inverses bit for bit.
 """
 from typing import Dict
 
@@ -18,7 +16,6 @@ from reference import thor_factors as tf
 from reference.thor_ref import ThorReference, softmax_xent
 
 from ms_optim._thor.factory import thor
-from ms_optim._thor.stacked import StackedPreconditioning
 
 RTOL = 1e-3
 # float32 against float64 through four layers and 150-wide whole-matrix inverses: entries near zero carry
@@ -87,7 +84,7 @@ def test_deep_mlp_matches_reference(mode, rng, inverse):
                         block_size=128 if inverse == "blocked" else None, weight_decay=1e-3)
     opt = thor(net, Tensor(lr), Tensor(damping), 0.9, weight_decay=1e-3, batch_size=batch, frequency=2,
                inverse=inverse)
-    assert opt.batched and [len(group.indices) for group in opt.stacked.groups] == [2]
+    assert opt.batched
     widths = opt.grouped.widths
     assert widths == ((10, 20, 128) if inverse == "blocked" else (10, 20, 150))
     cell = _train_cell(net, opt)
@@ -118,37 +115,32 @@ class RepeatedConvNet(nn.Cell):
         return self.fc(self.flatten(x))
 
 
-def _train_repeated(per_layer: bool, monkeypatch, seed_values, batches):
+def _train_repeated(per_layer: bool, seed_values, batches):
     net = RepeatedConvNet()
     for p, value in zip(net.trainable_params(), seed_values):
         p.set_data(Tensor(value))
-    with monkeypatch.context() as patch:
-        if per_layer:
-            patch.setattr(StackedPreconditioning, "MIN_GROUP", 10 ** 6)
-        opt = thor(net, Tensor(np.full((4,), 0.01, np.float32)), Tensor(np.full((4,), 0.1, np.float32)), 0.9,
-                   weight_decay=1e-4, loss_scale=64.0, batch_size=4, frequency=2)
+    opt = thor(net, Tensor(np.full((4,), 0.01, np.float32)), Tensor(np.full((4,), 0.1, np.float32)), 0.9,
+               weight_decay=1e-4, loss_scale=64.0, batch_size=4, frequency=2)
+    assert opt.batched and opt.grouped.widths == (5, 16, 27, 128)  # fc G 5, conv G 16, stem A 27, A 144
     if per_layer:
         opt.batched = False  # read when the step is compiled: the per-layer inversion of slot.invert_layer
-        assert not opt.stacked.groups
-    else:
-        assert opt.batched and [len(group.indices) for group in opt.stacked.groups] == [3]
     cell = _train_cell(net, opt, sens=64.0)
     losses = [float(cell(Tensor(x), Tensor(y)).asnumpy()) for x, y in batches]
     inverses = [p.asnumpy() for p in list(opt.matrix_a_inv) + list(opt.matrix_g_inv)]
     return losses, _params(net), inverses
 
 
-def test_repeated_conv_blocks_equal_per_layer_path(mode, rng, monkeypatch):
+def test_repeated_conv_blocks_equal_per_layer_path(mode, rng):
     template = RepeatedConvNet()
     values = [(rng.standard_normal(p.shape) * (np.sqrt(2.0 / np.prod(p.shape[1:])) if len(p.shape) > 1 else 0.1))
               .astype(np.float32) for p in template.trainable_params()]
     batches = [(rng.standard_normal((4, 3, 6, 6)).astype(np.float32), rng.integers(0, 5, 4).astype(np.int32))
                for _ in range(4)]
-    first = _train_repeated(False, monkeypatch, values, batches[:1])[2]
-    for got, want in zip(first, _train_repeated(True, monkeypatch, values, batches[:1])[2]):
+    first = _train_repeated(False, values, batches[:1])[2]
+    for got, want in zip(first, _train_repeated(True, values, batches[:1])[2]):
         np.testing.assert_array_equal(got, want)  # the first THOR step: the same factors, inverted bit for bit
-    losses, params, inverses = _train_repeated(False, monkeypatch, values, batches)
-    want_losses, want_params, want_inverses = _train_repeated(True, monkeypatch, values, batches)
+    losses, params, inverses = _train_repeated(False, values, batches)
+    want_losses, want_params, want_inverses = _train_repeated(True, values, batches)
     np.testing.assert_allclose(losses, want_losses, rtol=1e-5)
     assert set(params) == set(want_params)
     for name, want in want_params.items():

@@ -76,7 +76,6 @@ from ms_optim._thor.layers import ThorLayer
 from ms_optim._thor.parallel import FactorAllReduce
 from ms_optim._thor.sharing import InverseSharing
 from ms_optim._thor.slot import LayerSlot, invert_layer
-from ms_optim._thor.stacked import StackedPreconditioning
 from ms_optim._thor.trace import TraceSchedule, decide
 from ms_optim.optim._base import check_schedule_length
 
@@ -245,10 +244,9 @@ class ThorOptimizer(Optimizer):
         self.slots = nn.CellList([LayerSlot(i, layer, grad_index[i], block) for i, layer in enumerate(self.thor_cells)],
                                  auto_prefix=False)
         none = (0, 0, 0)
-        treatment = [(kind, max(owner, 0), self.slots[owner].g_geom if owner >= 0 else none,
-                      self.slots[owner].a_geom if owner >= 0 else none) for kind, owner in zip(kinds, owners)]
-        self.stacked = StackedPreconditioning(treatment, [p.shape for p in self._parameters], self.slots, pc.MATRIX)
-        self.param_treatment = tuple(t + place for t, place in zip(treatment, self.stacked.place))
+        self.param_treatment = tuple((kind, max(owner, 0), self.slots[owner].g_geom if owner >= 0 else none,
+                                      self.slots[owner].a_geom if owner >= 0 else none)
+                                     for kind, owner in zip(kinds, owners))
         self.batch_size_float = float(self.batch_size)
 
     # ------------------------------------------------------------------ public helpers
@@ -362,10 +360,10 @@ class ThorOptimizer(Optimizer):
     def _precondition(self, gradients, lam):
         """Apply the stored inverses (Dense/Conv/Embedding) and the LayerNorm rule; others unchanged.
 
-        Weights sharing a geometry go through one stacked product (``_thor.stacked``), then one ``hyper_map``
-        (``pc.precondition_parameter``), not a loop growing a tuple (GRAPH_MODE compiled that 5x slower)."""
+        One ``hyper_map`` (``pc.precondition_parameter``), not a loop growing a tuple (GRAPH_MODE compiled
+        that 5x slower)."""
         return self.hyper_map(F.partial(pc.precondition_parameter, lam, self.batch_size_float, self.matrix_g_inv,
-                                        self.matrix_a_inv, self.stacked(gradients)), self.param_treatment, gradients)
+                                        self.matrix_a_inv), self.param_treatment, gradients)
 
     @jit(backend="ms_backend")
     def construct(self, gradients):

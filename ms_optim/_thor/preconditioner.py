@@ -212,23 +212,18 @@ def precondition_layernorm(grad, lam, batch_size: float):
     return grad / (ops.square(grad) / batch_size + lam)
 
 
-#: ``hyper_map(F.partial(precondition_parameter, lam, batch_size, g_inverses, a_inverses, stacked),
-#: treatments, gradients)``
+#: ``hyper_map(F.partial(precondition_parameter, lam, batch_size, g_inverses, a_inverses), treatments, gradients)``
 precondition_parameter = C.MultitypeFuncGraph("thor_precondition_parameter")
 
 
-@precondition_parameter.register("Tensor", "Number", "Tuple", "Tuple", "Tuple", "Tuple", "Tensor")
-def _precondition_parameter(lam, batch_size, g_inverses, a_inverses, stacked, treatment, gradient):
-    """One parameter's preconditioned gradient. ``treatment = (kind, layer, g_geom, a_geom, group, member)``:
+@precondition_parameter.register("Tensor", "Number", "Tuple", "Tuple", "Tuple", "Tensor")
+def _precondition_parameter(lam, batch_size, g_inverses, a_inverses, treatment, gradient):
+    """One parameter's preconditioned gradient. ``treatment = (kind, layer, g_geom, a_geom)``:
     its kind (:data:`PLAIN`, :data:`MATRIX`, :data:`EMBEDDING`, :data:`LAYERNORM`), the index of its THOR
-    layer in ``g_inverses``/``a_inverses`` (the stored inverses), that layer's ``(n, nblocks, bs)``
-    geometries, and, for a weight preconditioned with others of its geometry (``_thor.stacked``), where its
-    result is in ``stacked`` (``group < 0``: computed here)."""
-    kind, layer, g_geom, a_geom, group, member = treatment
+    layer in ``g_inverses``/``a_inverses`` (the stored inverses), that layer's ``(n, nblocks, bs)`` geometries."""
+    kind, layer, g_geom, a_geom = treatment
     if kind == MATRIX:
         shape = gradient.shape
-        if group >= 0:
-            return ops.cast(ops.reshape(stacked[group][member], shape), F.dtype(gradient))
         g2 = ops.reshape(ops.cast(gradient, mstype.float32), (shape[0], -1))
         g2 = precondition_matrix(g2, g_inverses[layer], a_inverses[layer], g_geom, a_geom)
         return ops.cast(ops.reshape(g2, shape), F.dtype(gradient))
