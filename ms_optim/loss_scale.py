@@ -91,6 +91,7 @@ class TrainOneStepWithLossScaleCell(nn.TrainOneStepWithLossScaleCell):
         super().__init__(network, optimizer, scale_sense)
         if not self.reducer_flag:  # MindSpore sets it in data parallel only; subclasses read it (grads / degree)
             self.degree = 1
+        self.overflow_status = Tensor(np.zeros(8, np.int32))  # start_overflow_check's placeholder, made once
         self.feeds_loss_scale = callable(getattr(optimizer, "feed_loss_scale", None))
 
     def construct(self, *inputs):
@@ -115,7 +116,7 @@ class TrainOneStepWithLossScaleCell(nn.TrainOneStepWithLossScaleCell):
         ordered after ``pre_cond``, to be passed to :meth:`get_overflow_status`; ``compute_input`` is
         returned unchanged.
         """
-        status = ops.depend(Tensor(np.zeros(8, np.int32)), pre_cond)
+        status = ops.depend(self.overflow_status, pre_cond)
         return status, compute_input
 
     def get_overflow_status(self, status, compute_output):

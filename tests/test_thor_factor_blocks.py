@@ -19,7 +19,7 @@ from ms_optim._thor import factors
 from ms_optim._thor.factory import thor
 from ms_optim._thor.layers import Conv2dThor, DenseThor
 from ms_optim._thor.slot import LayerSlot
-from ms_optim._thor.trace import _trace
+from ms_optim._thor.trace import factor_trace as _trace
 
 RTOL = 1e-5
 

@@ -27,9 +27,7 @@ from ms_optim._thor.parallel import FactorAllReduce, data_parallel_group_size
 from ms_optim._thor.slot import layer_inverses
 from ms_optim._thor.trace import decide_trace, factor_trace
 
-__all__ = ["InverseAveraging", "attach_rules", "refresh_averaged"]
-
-attach_rules = rules.attach_rules  # the optimizer sets the per-layer rules with it
+__all__ = ["InverseAveraging", "refresh_averaged"]
 
 
 class InverseAveraging(nn.Cell):

@@ -13,7 +13,7 @@ The numbers are those of ``slot.invert_layer``, block for block (``u = 1 / facto
 
 .. code-block:: text
 
-    F_k   = u * (stored block k)  if it belongs to a G, else the stored block
+    F_k   = u * (stored block k)  if it belongs to a G, else the stored block   (u applied per G factor)
     F_k   <- mean over data-parallel ranks of F_k            (one all-reduce per group; none on one device)
     D_k   = F_k + (sqrt(d) + p_k) * I        p_k = 1 on the zero padding of a layer's last block, else 0
     X_k   = D_k^-1                            (one MatrixInverse of the concatenated blocks)
@@ -52,10 +52,14 @@ def _mean_over_ranks_tensor(allreduce, mean, anchor, factor):
     return allreduce(ops.depend(factor, anchor)) * mean
 
 
-@_read_blocks.register("Tensor", "Tuple", "Tensor")
-def _read_blocks_tensor(anchor, shape, factor):
-    """A stored factor, read after ``anchor``, as ``(nblocks, w, w)`` float32 blocks."""
-    return ops.reshape(ops.cast(ops.depend(factor, anchor), mstype.float32), shape)
+@_read_blocks.register("Tensor", "Tensor", "Tuple", "Tensor")
+def _read_blocks_tensor(anchor, g_unscale, member, factor):
+    """A stored factor, read after ``anchor``, as ``(nblocks, w, w)`` float32 blocks; ``member`` is
+    ``(shape, is_g)``: a G is divided by the square of its backward pass's loss scale (``g_unscale``)."""
+    blocks = ops.reshape(ops.cast(ops.depend(factor, anchor), mstype.float32), member[0])
+    if member[1]:
+        return blocks * g_unscale
+    return blocks
 
 
 @_store_blocks.register("Tensor", "Tuple", "Tensor")
@@ -79,25 +83,22 @@ class _WidthGroup(nn.Cell):
         super().__init__(auto_prefix=False)
         self.factors = ParameterTuple([m[0] for m in members])
         self.inverses = ParameterTuple([m[1] for m in members])
-        shapes, spans, pad_rows, segments, is_g = [], [], [], [], []
+        shapes, spans, pad_rows, segments = [], [], [], []
         start = 0
         for m, (_, _, layout, g) in enumerate(members):
-            shapes.append((layout.nblocks, width, width))
+            shapes.append(((layout.nblocks, width, width), g))
             spans.append((start, start + layout.nblocks))
             marks = np.zeros((layout.nblocks, width), np.float32)
             if layout.pad:
                 marks[-1, width - layout.pad:] = 1.0
             pad_rows.append(marks)
             segments += [m] * layout.nblocks
-            is_g += [g] * layout.nblocks
             start += layout.nblocks
         self.total, self.count, self.width = start, len(members), width
         self.shapes, self.spans = tuple(shapes), tuple(spans)
         self.eye = Tensor(np.eye(width, dtype=np.float32)[None])
         self.pads = Tensor(np.concatenate(pad_rows, 0))
         self.segments = Tensor(np.array(segments, np.int32))
-        self.is_g = Tensor(np.array(is_g, np.bool_))
-        self.ones = Tensor(np.ones((start,), np.float32))
         self.hyper_map = C.HyperMap()
         self.inverse = ops.MatrixInverse()
         ranks = data_parallel_group_size()
@@ -108,17 +109,13 @@ class _WidthGroup(nn.Cell):
             self.mean = 1.0 / ranks
 
     def construct(self, lam, g_unscale, anchor):
-        blocks = self.hyper_map(F.partial(_read_blocks, anchor), self.shapes, self.factors)
+        blocks = self.hyper_map(F.partial(_read_blocks, anchor, g_unscale), self.shapes, self.factors)
         blocks = ops.concat(blocks, 0) if self.count > 1 else blocks[0]
-        scale = ops.select(self.is_g, ops.broadcast_to(ops.reshape(g_unscale, (1,)), (self.total,)), self.ones)
-        blocks = blocks * ops.reshape(scale, (self.total, 1, 1))
         if self.is_distributed:
             blocks = self.allreduce(blocks) * self.mean
         damped = blocks + self.eye * ops.expand_dims(lam + self.pads, 2)
         inverse = self.inverse(damped)
-        residual = ops.abs(ops.bmm(damped, inverse) - self.eye)
-        good = ops.logical_and(ops.isfinite(ops.reduce_sum(residual, (1, 2))),
-                               ops.reduce_max(residual, (1, 2)) <= pc.INVERSE_TOLERANCE)
+        good = pc.accept_inverse(damped, inverse, self.eye, per_block=True)
         bad = ops.unsorted_segment_max(1.0 - ops.cast(good, mstype.float32), self.segments, self.count)
         keep = ops.reshape(ops.gather(bad, self.segments, 0) < 0.5, (self.total, 1, 1))
         old = ops.concat(self.inverses, 0) if self.count > 1 else self.inverses[0]

@@ -68,8 +68,8 @@ from mindspore.ops import functional as F
 from mindspore.ops import operations as P
 
 from ms_optim._thor import preconditioner as pc
-from ms_optim._thor.averaging import InverseAveraging, attach_rules, refresh_averaged
-from ms_optim._thor.device_rules import INVERSE
+from ms_optim._thor.averaging import InverseAveraging, refresh_averaged
+from ms_optim._thor.device_rules import INVERSE, attach_rules
 from ms_optim._thor.grouped import GroupedInversion
 from ms_optim._thor.kl_clip import apply_kl_clip
 from ms_optim._thor.layers import ThorLayer
@@ -238,8 +238,6 @@ class ThorOptimizer(Optimizer):
                 grad_index[owner] = j
             kinds.append(kind)
             owners.append(owner)
-        self.param_kinds = tuple(kinds)
-        self.param_layers = tuple(owners)
         block = self.block_size if self.inverse == "blocked" else None
         self.slots = nn.CellList([LayerSlot(i, layer, grad_index[i], block) for i, layer in enumerate(self.thor_cells)],
                                  auto_prefix=False)

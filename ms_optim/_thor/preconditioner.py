@@ -134,14 +134,18 @@ def invert_blocks(blocks):
     return ops.MatrixInverse()(blocks)
 
 
-def accept_inverse(blocks, inverse, eye):
-    """Scalar bool: every block and inverse finite and ``max |blocks @ inverse - I| <= INVERSE_TOLERANCE``.
+def accept_inverse(blocks, inverse, eye, per_block: bool = False):
+    """Scalar bool: every block and inverse finite and ``max |blocks @ inverse - I| <= INVERSE_TOLERANCE``
+    (``per_block``: the same for each of the ``(k, bs, bs)`` blocks, a ``(k,)`` bool vector).
 
     Finiteness is read from the residual ``R = |blocks @ inverse - I|`` alone: a NaN or infinite entry
     in either factor makes some entry of the product NaN or infinite (``inf * 0`` is NaN), so
     ``sum(R)`` is finite exactly when both are (three kernels fewer per factor than checking each).
     """
     residual = ops.abs(ops.bmm(blocks, inverse) - eye)
+    if per_block:
+        return ops.logical_and(ops.isfinite(ops.reduce_sum(residual, (1, 2))),
+                               ops.reduce_max(residual, (1, 2)) <= INVERSE_TOLERANCE)
     finite = ops.isfinite(ops.reduce_sum(residual))
     return ops.logical_and(finite, ops.reduce_max(residual) <= INVERSE_TOLERANCE)
 

@@ -116,9 +116,6 @@ def factor_trace(factor, diagonal: bool):
     return ops.reduce_sum(ops.reshape(factor, (nblocks, bs * bs))[:, ::bs + 1])
 
 
-_trace = factor_trace  # its former name
-
-
 class TraceSchedule(nn.Cell):
     """The per-layer state and decision of the trace rule (module docstring), for ``num_layers`` layers.
 
