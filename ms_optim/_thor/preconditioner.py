@@ -45,6 +45,8 @@ from mindspore import Tensor, mint, ops
 from mindspore.ops import composite as C
 from mindspore.ops import functional as F
 
+from ms_optim._thor.factors import zero_pad
+
 __all__ = [
     "INVERSE_TOLERANCE",
     "BlockLayout",
@@ -167,7 +169,7 @@ def apply_left(inverse, x, n: int, nblocks: int, bs: int):
     k = x.shape[1]
     padded = nblocks * bs
     if padded > n:
-        x = ops.pad(x, (0, 0, 0, padded - n))
+        x = zero_pad(x, (0, 0, 0, padded - n))
     y = ops.bmm(inverse, ops.reshape(x, (nblocks, bs, k)))
     y = ops.reshape(y, (padded, k))
     if padded > n:
@@ -182,7 +184,7 @@ def apply_right(x, inverse, n: int, nblocks: int, bs: int):
     k = x.shape[0]
     padded = nblocks * bs
     if padded > n:
-        x = ops.pad(x, (0, padded - n))
+        x = zero_pad(x, (0, padded - n))
     y = mint.permute(ops.reshape(x, (k, nblocks, bs)), (1, 0, 2))
     y = ops.bmm(y, inverse)
     y = ops.reshape(mint.permute(y, (1, 0, 2)), (k, padded))
