@@ -12,7 +12,10 @@ Reported per net, each THOR figure also as a ratio to Momentum's:
 * ``build_compile_s``: process start to compiled training step (imports excluded; wall seconds) and
   ``compile_cpu_s`` (CPU seconds of the compilation: less sensitive to a busy machine);
 * ``rss_after_compile_gb`` (resident set once compiled and released) and ``peak_rss_gb`` (``ru_maxrss``);
-* step medians: Momentum's steps, THOR's THOR steps and its other steps (the first step left out).
+* step medians: Momentum's steps, THOR's THOR steps and its other steps (the first step left out);
+* ``flops`` (THOR's record): the step's FLOPs in its THOR layers and what THOR adds to them, the
+  preconditioning of every step and the factors and inversions of a THOR step, as counted by
+  ``benchmarks/_thor_flops.py`` (layer sizes from one PYNATIVE forward pass after the measured steps).
 
 The targets of issue 21 are printed beside the ratios: build+compile <= 2x (aim 1.5x), resident after
 compile <= Momentum + 35% (aim + 25%), and THOR's overhead growing at most linearly in the number of
@@ -120,13 +123,27 @@ def child_main(args: argparse.Namespace) -> None:
         tick = time.perf_counter()
         train(*inputs).asnumpy()
         steps.append((time.perf_counter() - tick) * 1e3)
+    flops = _flops(opt, train_net, inputs) if args.optimizer == "thor" else None
     print("RESULT " + json.dumps({
-        "thor_layers": layers, "build_s": built - start, "compile_s": compiled - built,
+        "thor_layers": layers, "flops": flops, "build_s": built - start, "compile_s": compiled - built,
         "build_compile_s": compiled - start,
         "compile_cpu_s": cpu1.ru_utime + cpu1.ru_stime - cpu0.ru_utime - cpu0.ru_stime,
         "rss_after_compile_gb": rss_compiled,
         "peak_rss_gb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024 ** 2, "step_ms": steps}),
         flush=True)
+
+
+def _flops(opt, train_net, inputs) -> Dict[str, float]:
+    """THOR's extra FLOPs per step against the step's (``benchmarks/_thor_flops.py``), from one PYNATIVE
+    forward pass that records the rows each THOR layer sees (run after the measured steps)."""
+    import mindspore as ms
+
+    from benchmarks._thor_flops import layer_rows, step_flops
+
+    ms.set_context(mode=ms.PYNATIVE_MODE)
+    train_net.set_train(False)
+    layers = layer_rows(opt, lambda: train_net(*inputs))
+    return step_flops(layers, opt.block_size if opt.inverse == "blocked" else None)
 
 
 def run_child(net: str, optimizer: str, args: argparse.Namespace) -> Dict:
@@ -176,6 +193,12 @@ def run_net(net: str, args: argparse.Namespace) -> Dict:
           f"{th['rss_after_compile_gb']:.2f} GiB = {r['rss_after_compile']:.2f}x (target <= "
           f"{TARGETS['rss_after_compile']}) | peak {r['peak_rss']:.2f}x | THOR step {r['thor_step']:.2f}x, "
           f"other steps {r['non_thor_step']:.2f}x", flush=True)
+    flops = th.get("flops")
+    if flops:
+        print(f"{'':10s} FLOPs per step: training {flops['train'] / 1e9:.2f} G (THOR layers' products); THOR adds "
+              f"preconditioning {flops['precondition'] / 1e9:.2f} G every step (+{flops['non_thor_extra']:.2f}x), "
+              f"factors {flops['factors'] / 1e9:.2f} G and inversions {flops['inversion'] / 1e9:.2f} G on THOR "
+              f"steps (+{flops['thor_extra']:.2f}x in all)", flush=True)
     return result
 
 
