@@ -112,8 +112,7 @@ def gpu_embedding_g_inverse(blocks, slot):
     (finite, and ``L^-1`` whitens the blocks: ``max |X F X^T - I| <= INVERSE_TOLERANCE``)."""
     whitening = whitening_blocks(blocks, slot.lead)
     residual = ops.abs(ops.bmm(ops.bmm(whitening, blocks), ops.transpose(whitening, (0, 2, 1))) - slot.g_eye)
-    ok = ops.logical_and(ops.isfinite(ops.reduce_sum(residual)), ops.reduce_max(residual) <= pc.INVERSE_TOLERANCE)
-    return ops.bmm(whitening, whitening), ok
+    return ops.bmm(whitening, whitening), pc.residual_accepted(residual)
 
 
 def special_g_inverse(slot, blocks):
@@ -142,8 +141,8 @@ def contribution(slot, new_a, ok_a, new_g, ok_g):
     """One rank's share of a layer for :class:`InverseAveraging`: ``(Ainv, Ginv, [ok, a_max, g_max])``,
     zeros where the rank rejected its inverses (a select: no NaN passes)."""
     ok = ops.logical_and(ok_a, ok_g)
-    a_part = ops.select(ops.broadcast_to(ok, new_a.shape), new_a, ops.zeros_like(new_a))
-    g_part = ops.select(ops.broadcast_to(ok, new_g.shape), new_g, ops.zeros_like(new_g))
+    a_part = pc.keep_if(ok, new_a, ops.zeros_like(new_a))
+    g_part = pc.keep_if(ok, new_g, ops.zeros_like(new_g))
     a_max = g_max = ops.ones((), mstype.float32)
     if slot.max_scale:
         a_max, g_max = abs_max(a_part, slot.a_keep), abs_max(g_part, slot.g_keep)

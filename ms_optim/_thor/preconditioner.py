@@ -54,6 +54,7 @@ __all__ = [
     "damped_blocks",
     "invert_blocks",
     "accept_inverse",
+    "residual_accepted",
     "keep_if",
     "apply_left",
     "apply_right",
@@ -144,12 +145,14 @@ def accept_inverse(blocks, inverse, eye, per_block: bool = False):
     in either factor makes some entry of the product NaN or infinite (``inf * 0`` is NaN), so
     ``sum(R)`` is finite exactly when both are (three kernels fewer per factor than checking each).
     """
-    residual = ops.abs(ops.bmm(blocks, inverse) - eye)
-    if per_block:
-        return ops.logical_and(ops.isfinite(ops.reduce_sum(residual, (1, 2))),
-                               ops.reduce_max(residual, (1, 2)) <= INVERSE_TOLERANCE)
-    finite = ops.isfinite(ops.reduce_sum(residual))
-    return ops.logical_and(finite, ops.reduce_max(residual) <= INVERSE_TOLERANCE)
+    return residual_accepted(ops.abs(ops.bmm(blocks, inverse) - eye), (1, 2) if per_block else ())
+
+
+def residual_accepted(residual, axis=()):
+    """``sum(residual)`` finite and ``max(residual) <= INVERSE_TOLERANCE`` over ``axis`` (``()``: all of it)
+    for an absolute residual such as ``|F X - I|``: the acceptance of every inverse THOR stores."""
+    return ops.logical_and(ops.isfinite(ops.reduce_sum(residual, axis)),
+                           ops.reduce_max(residual, axis) <= INVERSE_TOLERANCE)
 
 
 def keep_if(ok, new, old):
