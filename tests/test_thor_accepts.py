@@ -13,6 +13,7 @@ import mindspore as ms
 import numpy as np
 import pytest
 from mindspore import Tensor, nn
+from thor_nets import MLP
 from thor_snapshot import assert_unchanged, snapshot
 
 from ms_optim._thor import factory
@@ -23,23 +24,10 @@ LR = Tensor(np.full(6, 0.1, np.float32))
 DAMPING = Tensor(np.full(6, 0.03, np.float32))
 
 
-class Net(nn.Cell):
-    """Two Dense layers: 2 THOR layers, far fewer than ResNet-50's 54."""
-
-    def __init__(self):
-        super().__init__()
-        self.fc1 = nn.Dense(4, 5, weight_init="normal")
-        self.relu = nn.ReLU()
-        self.fc2 = nn.Dense(5, 3, weight_init="normal")
-
-    def construct(self, x):
-        return self.fc2(self.relu(self.fc1(x)))
-
-
 def _train(**kwargs):
     """Parameters (net and optimizer) after 3 steps with THOR's ``kwargs`` (same seed and data each call)."""
     ms.set_seed(0)
-    net = Net()
+    net = MLP(4, 5, 3, weight_init="normal")
     opt = thor(net, LR, DAMPING, 0.9, **{"frequency": 2, "batch_size": 8, **kwargs})
     step = nn.TrainOneStepCell(nn.WithLossCell(net, nn.SoftmaxCrossEntropyWithLogits(sparse=True, reduction="mean")),
                                opt)
@@ -79,7 +67,7 @@ def data_parallel(monkeypatch):
 def test_data_parallel_drops_indices_past_the_last_layer_with_a_warning(data_parallel, indices, kept):
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        opt = thor(Net(), LR, DAMPING, 0.9, split_indices=indices)
+        opt = thor(MLP(4, 5, 3, weight_init="normal"), LR, DAMPING, 0.9, split_indices=indices)
     assert opt.split_indices == kept
     messages = [str(w.message) for w in caught if issubclass(w.category, UserWarning)]
     if len(kept) < len(indices):
@@ -91,7 +79,7 @@ def test_data_parallel_drops_indices_past_the_last_layer_with_a_warning(data_par
 @pytest.mark.parametrize("indices, words", [([1, 0], "strictly increasing"), ([0, 0], "strictly increasing"),
                                             ([-1], "non-negative"), ([0, -3], "non-negative")])
 def test_data_parallel_refuses_what_mindspore_cannot_fuse(data_parallel, indices, words):
-    net = Net()
+    net = MLP(4, 5, 3, weight_init="normal")
     before = snapshot(net)
     with pytest.raises(ValueError) as info:
         thor(net, LR, DAMPING, 0.9, split_indices=indices)

@@ -8,19 +8,9 @@ net and of the optimizer keeps its value, on a THOR step and on a step in betwee
 import numpy as np
 import pytest
 from mindspore import Tensor, nn
+from thor_nets import MLP
 
 from ms_optim._thor.factory import thor
-
-
-class Net(nn.Cell):
-    def __init__(self):
-        super().__init__()
-        self.fc1 = nn.Dense(6, 5, weight_init="normal")
-        self.relu = nn.ReLU()
-        self.fc2 = nn.Dense(5, 3, weight_init="normal")
-
-    def construct(self, x):
-        return self.fc2(self.relu(self.fc1(x)))
 
 
 def _state(*cells):
@@ -33,7 +23,7 @@ def _state(*cells):
     (9, 4, "damping", True),
 ])
 def test_refused_step_changes_nothing(mode, rng, lr_steps, damping_steps, name, thor_step):
-    net = Net()
+    net = MLP(6, 5, 3, weight_init="normal")
     opt = thor(net, Tensor(np.full(lr_steps, 0.05, np.float32)), Tensor(np.full(damping_steps, 0.03, np.float32)),
                0.9, batch_size=4, frequency=2)
     cell = nn.TrainOneStepCell(nn.WithLossCell(net, nn.SoftmaxCrossEntropyWithLogits(sparse=True, reduction="mean")),
@@ -64,7 +54,7 @@ def test_jit_step_in_pynative_trains_and_refuses_without_change(rng):
     import mindspore as ms
 
     ms.set_context(mode=ms.PYNATIVE_MODE)
-    net = Net()
+    net = MLP(6, 5, 3, weight_init="normal")
     opt = thor(net, Tensor(np.full(3, 0.05, np.float32)), Tensor(np.full(9, 0.03, np.float32)), 0.9, batch_size=4,
                frequency=2)
     loss = nn.WithLossCell(net, nn.SoftmaxCrossEntropyWithLogits(sparse=True, reduction="mean"))

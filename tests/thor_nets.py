@@ -14,12 +14,13 @@ def labelled_batches(x, y, batch: int):
 
 class MLP(nn.Cell):
     """Dense(n_in -> hidden, ReLU) -> Dense(hidden -> classes), both with biases. The default width
-    150 is over one 128-wide inverse block, so blocking matters."""
+    150 is over one 128-wide inverse block, so blocking matters. ``weight_init``: both layers' (None:
+    MindSpore's default)."""
 
-    def __init__(self, n_in=20, hidden=150, classes=10):
+    def __init__(self, n_in=20, hidden=150, classes=10, weight_init=None):
         super().__init__()
-        self.fc1 = nn.Dense(n_in, hidden, activation="relu")
-        self.fc2 = nn.Dense(hidden, classes)
+        self.fc1 = nn.Dense(n_in, hidden, weight_init=weight_init, activation="relu")
+        self.fc2 = nn.Dense(hidden, classes, weight_init=weight_init)
 
     def construct(self, x):
         return self.fc2(self.fc1(x))
