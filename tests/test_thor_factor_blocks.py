@@ -67,7 +67,7 @@ def test_conv_a_in_batch_chunks_matches_reference(mode, rng, monkeypatch, limit,
                                rtol=RTOL, atol=1e-6)
 
 
-def test_blocked_factors_and_trajectory_match_reference(mode, rng):
+def test_blocked_factors_and_trajectory_match_reference(mode, path, rng):
     """block_size 5: conv A (18 wide: blocks 5, 5, 5, 3 padded) and fc A (80 wide: 16 blocks) are stored as
     diagonal blocks, equal to the reference's factors in that form, and five THOR steps follow the
     reference THOR with 5-wide blocked inverses."""

@@ -1,8 +1,9 @@
 """THOR layers: outputs equal to the plain layers, factors equal to the NumPy reference (float64).
 
-Every test runs in PYNATIVE and GRAPH mode (``mode`` fixture). The losses are linear in the layer
-outputs, ``L = sum(out * r)`` with ``r`` drawn per step (already divided by the batch size), so the
-gradient reaching each layer is known exactly: ``dL/dout = r``.
+Every test runs in PYNATIVE and GRAPH mode (``mode`` fixture), with the fused factor kernels of CPU
+(``ms_optim._thor.factor_kernels``) and with the composite taps of other devices (``path`` fixture).
+The losses are linear in the layer outputs, ``L = sum(out * r)`` with ``r`` drawn per step (already
+divided by the batch size), so the gradient reaching each layer is known exactly: ``dL/dout = r``.
 
 Flags and factors are changed from Python with ``ops.assign`` (an in-place write compiled graphs see);
 ``Parameter.set_data`` after compilation is not seen by MindSpore 2.10 graphs that write the Parameter.
@@ -54,7 +55,7 @@ def _f32(rng, *shape, scale=1.0):
 
 
 # ----------------------------------------------------------------------------- Dense
-def test_dense_factors_output_flag_eval_and_overflow(mode, rng):
+def test_dense_factors_output_flag_eval_and_overflow(mode, path, rng):
     """DenseThor with bias, ReLU and a 3-D input, in TrainOneStepCell, over four steps:
     flag on (factors = reference), flag off (factors untouched), eval mode (untouched), flag on with a
     non-finite gradient (A updated, G kept)."""
@@ -107,7 +108,7 @@ def test_dense_factors_output_flag_eval_and_overflow(mode, rng):
 
 
 @pytest.mark.parametrize("level", ["O2", "O3"])
-def test_dense_factors_float32_under_amp(mode, rng, level):
+def test_dense_factors_float32_under_amp(mode, path, rng, level):
     """Under amp O2/O3 the layer runs in float16 but A and G are computed and stored in float32."""
     l1 = DenseThor(6, 5, weight_init=Tensor(_f32(rng, 5, 6, scale=0.5)), bias_init=Tensor(_f32(rng, 5)))
     l2 = DenseThor(5, 3, weight_init=Tensor(_f32(rng, 3, 5, scale=0.5)), has_bias=False)
@@ -149,7 +150,7 @@ class _LinearLoss2(nn.Cell):
         return ops.reduce_sum(self.net(x, ids) * r)
 
 
-def test_conv_embedding_factors_float32_under_amp(mode, rng):
+def test_conv_embedding_factors_float32_under_amp(mode, path, rng):
     """Conv2dThor and EmbeddingThor under amp O3 (everything float16): A in float32 from the float16
     input, G finite and stored in float32."""
     net = _ConvEmbNet(rng)
@@ -194,7 +195,7 @@ class _ConvBank(nn.Cell):
 
 
 @pytest.mark.slow
-def test_conv_factors_and_outputs(mode, rng):
+def test_conv_factors_and_outputs(mode, path, rng):
     """Conv2dThor for stride/padding/dilation/kernel shapes/pad modes/bias: output = nn.Conv2d = NumPy
     conv; A and G = reference; trained through mindspore.value_and_grad."""
     convs, plains = [], []
@@ -251,7 +252,7 @@ class _EmbBank(nn.Cell):
         return self.e1(ids), self.e2(ids)
 
 
-def test_embedding_factors_and_output(mode, rng):
+def test_embedding_factors_and_output(mode, path, rng):
     """EmbeddingThor (gather and one-hot) with repeated ids and padding_idx: output = nn.Embedding,
     A = counts / N, G = N d^T d; trained through mindspore.grad under ms.jit."""
     table = _f32(rng, 7, 3)
@@ -324,7 +325,7 @@ class _TwiceShared(nn.Cell):
         return ops.reduce_sum(self.shared(self.shared(x)) * r)
 
 
-def test_layer_called_twice_keeps_first_call_factors(mode, rng):
+def test_layer_called_twice_keeps_first_call_factors(mode, path, rng):
     """A layer used twice in a step (GRAPH mode used to report a graph cycle here) stores A and G of
     the same call: the first, whose backward runs last."""
     w = _f32(rng, 3, 3)

@@ -120,7 +120,7 @@ MLP_CASES = {
 
 
 @pytest.mark.parametrize("case", sorted(MLP_CASES))
-def test_mlp_matches_reference(mode, rng, case):
+def test_mlp_matches_reference(mode, path, rng, case):
     spec = MLP_CASES[case]
     steps = spec["steps"]
     net = MLP()
@@ -167,7 +167,7 @@ def test_loss_scale_128_equals_loss_scale_1(mode, rng):
 
 
 # ----------------------------------------------------------------------------------- conv
-def test_conv_matches_reference(mode, rng):
+def test_conv_matches_reference(mode, path, rng):
     steps = 5
     net = ConvNet()
     _init_params(net, rng)
@@ -183,7 +183,7 @@ def test_conv_matches_reference(mode, rng):
 
 
 # ----------------------------------------------------------------------------------- embedding
-def test_embedding_dense_layernorm_matches_reference(mode, rng):
+def test_embedding_dense_layernorm_matches_reference(mode, path, rng):
     steps = 5
     net = EmbedNet()
     _init_params(net, rng)

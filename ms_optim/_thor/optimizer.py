@@ -70,6 +70,7 @@ from mindspore.ops import operations as P
 from ms_optim._thor import preconditioner as pc
 from ms_optim._thor.averaging import InverseAveraging, refresh_averaged
 from ms_optim._thor.device_rules import INVERSE, attach_rules
+from ms_optim._thor.factor_kernels import factor_kernels
 from ms_optim._thor.grouped import GroupedInversion
 from ms_optim._thor.kl_clip import apply_kl_clip
 from ms_optim._thor.layers import ThorLayer
@@ -246,6 +247,8 @@ class ThorOptimizer(Optimizer):
                                       self.slots[owner].a_geom if owner >= 0 else none)
                                      for kind, owner in zip(kinds, owners))
         self.batch_size_float = float(self.batch_size)
+        kernels = factor_kernels()
+        self.precondition_kernel = () if kernels is None else (kernels[3],)
 
     # ------------------------------------------------------------------ public helpers
     def get_frequency(self) -> int:
@@ -360,8 +363,8 @@ class ThorOptimizer(Optimizer):
 
         One ``hyper_map`` (``pc.precondition_parameter``), not a loop growing a tuple (GRAPH_MODE compiled
         that 5x slower)."""
-        return self.hyper_map(F.partial(pc.precondition_parameter, lam, self.batch_size_float, self.matrix_g_inv,
-                                        self.matrix_a_inv), self.param_treatment, gradients)
+        return self.hyper_map(F.partial(pc.precondition_parameter, self.precondition_kernel, lam, self.batch_size_float,
+                                        self.matrix_g_inv, self.matrix_a_inv), self.param_treatment, gradients)
 
     @jit(backend="ms_backend")
     def construct(self, gradients):

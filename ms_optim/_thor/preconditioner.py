@@ -221,20 +221,26 @@ def precondition_layernorm(grad, lam, batch_size: float):
     return grad / (ops.square(grad) / batch_size + lam)
 
 
-#: ``hyper_map(F.partial(precondition_parameter, lam, batch_size, g_inverses, a_inverses), treatments, gradients)``
+#: ``hyper_map(F.partial(precondition_parameter, kernel, lam, batch_size, g_inverses, a_inverses), treatments,
+#: gradients)``
 precondition_parameter = C.MultitypeFuncGraph("thor_precondition_parameter")
 
 
-@precondition_parameter.register("Tensor", "Number", "Tuple", "Tuple", "Tuple", "Tensor")
-def _precondition_parameter(lam, batch_size, g_inverses, a_inverses, treatment, gradient):
-    """One parameter's preconditioned gradient. ``treatment = (kind, layer, g_geom, a_geom)``:
+@precondition_parameter.register("Tuple", "Tensor", "Number", "Tuple", "Tuple", "Tuple", "Tensor")
+def _precondition_parameter(kernel, lam, batch_size, g_inverses, a_inverses, treatment, gradient):
+    """One parameter's preconditioned gradient. ``kernel``: ``()``, or ``(op,)`` with the fused CPU op
+    ``op(g, g_inv, a_inv) = G^-1 g A^-1`` (``factor_kernels``) that replaces :func:`precondition_matrix`
+    (one graph node instead of a dozen per layer). ``treatment = (kind, layer, g_geom, a_geom)``:
     its kind (:data:`PLAIN`, :data:`MATRIX`, :data:`EMBEDDING`, :data:`LAYERNORM`), the index of its THOR
     layer in ``g_inverses``/``a_inverses`` (the stored inverses), that layer's ``(n, nblocks, bs)`` geometries."""
     kind, layer, g_geom, a_geom = treatment
     if kind == MATRIX:
         shape = gradient.shape
         g2 = ops.reshape(ops.cast(gradient, mstype.float32), (shape[0], -1))
-        g2 = precondition_matrix(g2, g_inverses[layer], a_inverses[layer], g_geom, a_geom)
+        if kernel:
+            g2 = kernel[0](g2, g_inverses[layer], a_inverses[layer])
+        else:
+            g2 = precondition_matrix(g2, g_inverses[layer], a_inverses[layer], g_geom, a_geom)
         return ops.cast(ops.reshape(g2, shape), F.dtype(gradient))
     if kind == EMBEDDING:
         g32 = ops.cast(gradient, mstype.float32)

@@ -10,6 +10,12 @@ for layers called more than once), and it works in PYNATIVE and GRAPH mode, insi
 ``ms.jit``). The tap ignores amp's precision flags and casts to float32 itself (in PYNATIVE mode amp
 would cast the inputs of *every* op of a float16 cell).
 
+Two ways to compute a factor, with the same numbers. On CPU (``MS_OPTIM_FUSED`` not ``0``) each factor is
+one fused op (``factor_kernels.py``) that reads the flag itself and stores the factor only if it is
+finite, so the tap has no branch and two graph nodes; elsewhere the tap runs the composite ops of
+``factors.py`` inside ``if flag`` and stores with ``keep_if``/``assign``. The composite taps made THOR's
+compile time and compiled memory grow by a dozen nodes per factor (``factor_kernels`` gives the figures).
+
 The factor formulas (and their normalisation) are in ``factors.py``; the layers (``layers.py``) own
 the factor Parameters and the flag and route their pre-activation through a tap in training mode.
 
@@ -27,6 +33,7 @@ from mindspore import Parameter, Tensor, context, nn, ops
 from mindspore import dtype as mstype
 
 from ms_optim._thor.conventions import FactorConvention
+from ms_optim._thor.factor_kernels import count_plan_tensor, factor_kernels, patch_plan_tensor, row_plan_tensor
 from ms_optim._thor.factors import (
     Pair,
     conv_a,
@@ -69,6 +76,14 @@ class ScheduleGuard(nn.Cell):
         for i in range(len(self.limits)):
             step = check_schedule_length(self.owner, self.limits[i][0], self.limits[i][1], self.sizes[i], step)
         return step
+
+
+def _kernel_input(value):
+    """``value`` as the fused factor ops read it: float32 and float16 as they are, other floats cast to
+    float32; ids (integers) as they are."""
+    if value.dtype in (mstype.float32, mstype.float16, mstype.int32, mstype.int64):
+        return value
+    return ops.cast(value, mstype.float32)
 
 
 class _FactorTap(nn.Cell):
@@ -117,8 +132,31 @@ class _FactorTap(nn.Cell):
     def construct(self, s, x, flag, a_cov, g_cov):
         return s
 
+    @property
+    def kernels(self):
+        """THOR's fused factor ops (``factor_kernels.factor_kernels``: CPU, ``MS_OPTIM_FUSED`` not 0) or None:
+        read when the graph is parsed, like ``schedule_guard``."""
+        return factor_kernels()
+
+    def _a_fused(self, kernels, a_cov, x, flag):
+        raise NotImplementedError
+
+    def _g_fused(self, kernels, g_cov, ds, flag):
+        raise NotImplementedError
+
     def bprop(self, s, x, flag, a_cov, g_cov, out, dout):
-        if flag:
+        kernels = self.kernels
+        if kernels is not None:  # one op per factor, each reading the flag itself: no branch in the graph
+            guard = self.schedule_guard
+            if guard is not None:
+                if flag:
+                    dout = ops.depend(dout, guard())
+            written_g = self._g_fused(kernels, g_cov, _kernel_input(dout), flag)
+            # A after G (through the flag: a depend on the input x costs 0.1 GiB in ResNet-50's compiled
+            # graph), so a layer called twice keeps its first call's A, whose backward runs last, as for G
+            written_a = self._a_fused(kernels, a_cov, _kernel_input(x), ops.depend(flag, written_g))
+            dout = ops.depend(dout, written_a)
+        elif flag:
             guard = self.schedule_guard
             if guard is not None:  # PYNATIVE: the optimizer refuses this step only after the backward pass
                 dout = ops.depend(dout, guard())
@@ -144,6 +182,14 @@ class DenseTap(_FactorTap):
         return self.convention.apply(dense_g(ds, self.block_size),
                                      self.convention.dense_scales(ds.shape[0], ds.shape[1])[1])
 
+    def _a_fused(self, kernels, a_cov, x, flag):
+        scale = self.convention.dense_scales(x.shape[0], x.shape[1])[0]
+        return kernels[1](a_cov, x, flag, row_plan_tensor(x.shape, self.block_size, scale, True))
+
+    def _g_fused(self, kernels, g_cov, ds, flag):
+        scale = self.convention.dense_scales(ds.shape[0], ds.shape[1])[1]
+        return kernels[1](g_cov, ds, flag, row_plan_tensor(ds.shape, self.block_size, scale, False))
+
 
 class ConvTap(_FactorTap):
     """Tap of a Conv2d layer (NCHW, group 1): :func:`conv_a` with the layer's geometry, :func:`conv_g`."""
@@ -168,6 +214,21 @@ class ConvTap(_FactorTap):
         scale = self.convention.conv_scales(ds.shape[0], ds.shape[2] * ds.shape[3])[1]
         return self.convention.apply(conv_g(self.convention.conv_grad(ds), self.block_size), scale)
 
+    def _a_fused(self, kernels, a_cov, x, flag):
+        geometry = conv_output_geometry(x.shape[2], x.shape[3], self.kernel_size, self.stride, self.dilation,
+                                        self.pad_mode, self.padding)
+        scale = self.convention.conv_scales(x.shape[0], geometry[4] * geometry[5])[0]
+        x = self.convention.conv_input(x)
+        plan = patch_plan_tensor(x.shape, self.kernel_size, self.stride, self.dilation, self.pad_mode, self.padding,
+                                 self.block_size, scale, True)
+        return kernels[0](a_cov, x, flag, plan)
+
+    def _g_fused(self, kernels, g_cov, ds, flag):
+        scale = self.convention.conv_scales(ds.shape[0], ds.shape[2] * ds.shape[3])[1]
+        ds = self.convention.conv_grad(ds)
+        plan = patch_plan_tensor(ds.shape, (1, 1), (1, 1), (1, 1), "valid", 0, self.block_size, scale, False)
+        return kernels[0](g_cov, ds, flag, plan)
+
 
 class EmbeddingTap(_FactorTap):
     """Tap of an Embedding layer: :func:`embedding_a` (the diagonal of A), :func:`embedding_g`."""
@@ -183,3 +244,11 @@ class EmbeddingTap(_FactorTap):
 
     def _g_value(self, ds):
         return self.convention.apply(embedding_g(ds, self.block_size), self.convention.embedding_scales(ds.shape[0])[1])
+
+    def _a_fused(self, kernels, a_cov, x, flag):
+        scale = self.convention.embedding_scales(x.shape[0])[0]
+        return kernels[2](a_cov, x, flag, count_plan_tensor(x.shape[0], scale))
+
+    def _g_fused(self, kernels, g_cov, ds, flag):
+        scale = self.convention.embedding_scales(ds.shape[0])[1]
+        return kernels[1](g_cov, ds, flag, row_plan_tensor(ds.shape, self.block_size, scale, False))

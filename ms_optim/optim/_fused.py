@@ -13,6 +13,8 @@ two kernels here do the same arithmetic in the fewest passes the math allows:
   ``accum = momentum*accum + c*(g + wd*w)`` and the momentum step, Nesterov as MindSpore's CPU
   ``ApplyMomentum`` runs it (7 passes).
 
+The same library holds THOR's fused factor and preconditioning kernels (``ms_optim/_thor/factor_kernels.py``).
+
 Both are ``ops.Custom`` operators of type ``"aot"``: C++ in ``_fused.cc`` (package data, next to
 this module), compiled with the machine's ``g++`` at first use into a cache directory (see
 :func:`library_path` for its safety rules), keyed by a hash of the source and flags, so later

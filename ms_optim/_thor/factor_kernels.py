@@ -1,0 +1,146 @@
+"""THOR's factors on CPU as one op per factor: the fused kernels of ``ms_optim/optim/_fused.cc``.
+
+Written with ``mindspore.ops``, a layer's factor is a dozen graph nodes (im2col, padding, reshapes, a
+batched product, a sum, a scale, the store-if-finite check, the store), and every THOR layer's tap holds
+two of them inside an ``if thor_flag`` branch. Compile time and the compiled graph's memory follow the
+node count: for ResNet-50 the taps were more than half of THOR's compile (45 s against 22 s without
+them, Momentum 8 s) and 0.3 GiB of its resident set. Here each factor is one ``ops.Custom`` node of type
+``"aot"`` that does all of it in place:
+
+* ``MsOptimPatchGram(factor, x, flag, plan)``: the diagonal blocks of ``scale * sum p p^T`` over the
+  im2col patches ``p`` of an NCHW input (a conv's A), or over the positions of ``dL/ds`` (a conv's G,
+  a 1x1 kernel);
+* ``MsOptimRowGram(factor, rows, flag, plan)``: the blocks of ``scale * R^T R`` for ``(N, n)`` rows (a
+  Dense layer's A and G, an Embedding's G);
+* ``MsOptimIdCounts(factor, ids, flag, plan)``: ``scale * counts`` of the ids in ``[0, vocab_size)`` (an
+  Embedding's A).
+
+Each reads the layer's ``thor_flag`` itself and does nothing while it is False, so the tap needs no
+branch; it writes the factor only when every value is finite (the previous one is kept, as the
+composite tap does) and returns ``[1.0]`` when it wrote, else ``[0.0]``. ``plan`` is a float64
+constant with the scale and, for the patches, the conv geometry and the block layout
+(``factors.conv_output_geometry``, ``factors.factor_blocks``). float16 inputs (amp) are read as they
+are, and the sums are float32 as in the composite tap.
+
+The products are oneDNN's ``dnnl_sgemm`` from MindSpore's own ``lib/libdnnl.so.3`` (the library
+MindSpore's CPU kernels use), bound once per process through ``MsOptimSetSgemm``. The kernels are used
+under the same switch as the other fused kernels (``_fused.fused_switch_on``: CPU and ``MS_OPTIM_FUSED``
+not ``0``); on GPU and Ascend, without ``g++`` or without oneDNN the taps run the composite ops of
+``factors.py``, which are also the reference the tests compare these kernels with (both against the
+NumPy oracle).
+"""
+from __future__ import annotations
+
+import ctypes
+import glob
+import os
+import threading
+import warnings
+from typing import Optional, Tuple
+
+import mindspore as ms
+import numpy as np
+from mindspore import Tensor, ops
+from mindspore.ops import constexpr
+from mindspore.ops import signature as sig
+
+from ms_optim._thor.factors import conv_output_geometry, factor_blocks
+from ms_optim.optim import _fused
+
+__all__ = ["factor_kernels", "patch_plan_tensor", "row_plan_tensor", "count_plan_tensor"]
+
+#: Largest patch panel (float32 values) ``MsOptimPatchGram`` lays out for one product: 8 MiB.
+PANEL_FLOATS = 1 << 21
+
+_lock = threading.Lock()
+_kernels: Optional[tuple] = None
+_unavailable: Optional[str] = None
+
+
+class _FactorCustom(ops.Custom):
+    """An aot Custom op ``(factor, input, flag, plan) -> written[1]`` that writes ``factor`` in place
+    (declared like Assign's ``variable``, so graph mode orders the reads and writes of that Parameter)."""
+
+    __mindspore_signature__ = (sig.make_sig("factor", sig.sig_rw.RW_WRITE), sig.make_sig("x"),
+                               sig.make_sig("flag"), sig.make_sig("plan"))
+
+    def __init__(self, func: str) -> None:
+        super().__init__(func, out_shape=lambda *shapes: [1], out_dtype=lambda *dtypes: ms.float32, func_type="aot")
+        self.add_prim_attr("side_effect_mem", True)
+
+
+def _ops(path: str) -> Tuple[ops.Custom, ...]:
+    """The ops of the library at ``path``: ``(patch_gram, row_gram, id_counts, precondition)``."""
+    factor_ops = tuple(_FactorCustom(f"{path}:{name}") for name in ("MsOptimPatchGram", "MsOptimRowGram",
+                                                                     "MsOptimIdCounts"))
+    precondition = ops.Custom(f"{path}:MsOptimBlockPrecondition", out_shape=lambda grad, g_inv, a_inv: grad,
+                              out_dtype=lambda grad, g_inv, a_inv: ms.float32, func_type="aot")
+    return factor_ops + (precondition,)
+
+
+def _onednn_sgemm() -> int:
+    """Address of ``dnnl_sgemm`` in MindSpore's own oneDNN library (OSError if there is none)."""
+    libraries = sorted(glob.glob(os.path.join(os.path.dirname(ms.__file__), "lib", "libdnnl.so*")))
+    if not libraries:
+        raise OSError("MindSpore ships no lib/libdnnl.so")
+    return ctypes.cast(ctypes.CDLL(libraries[0]).dnnl_sgemm, ctypes.c_void_p).value
+
+
+def _load() -> Optional[tuple]:
+    """Build the ops once per process (None, with one warning, if they cannot be had)."""
+    global _kernels, _unavailable  # pylint: disable=global-statement
+    path = _fused.library_path()
+    if path is None:
+        _unavailable = "the fused kernel library is unavailable"
+        return None
+    try:
+        ctypes.CDLL(path).MsOptimSetSgemm(ctypes.c_void_p(_onednn_sgemm()))
+        _kernels = _ops(path)
+    except (OSError, AttributeError, TypeError, ValueError, RuntimeError) as error:
+        _unavailable = " ".join(str(error).split())[:300]
+        warnings.warn(f"ms_optim: THOR's fused factor kernels unavailable ({_unavailable}); the factor taps use "
+                      f"composite ops (same results, larger graphs). Set MS_OPTIM_FUSED=0 to choose them and "
+                      f"silence this warning.", _fused.FusedKernelWarning, stacklevel=3)
+    return _kernels
+
+
+def factor_kernels() -> Optional[tuple]:
+    """``(patch_gram, row_gram, id_counts, precondition)`` when the fused switch is on and the ops can be had, else None
+    (the taps then use the composite ops)."""
+    if not _fused.fused_switch_on():
+        return None
+    with _lock:
+        if _kernels is not None or _unavailable is not None:
+            return _kernels
+        return _load()
+
+
+@constexpr
+def patch_plan_tensor(shape, kernel_size, stride, dilation, pad_mode: str, padding, block_size, multiplier: float,
+                      per_position: bool) -> Tensor:
+    """``MsOptimPatchGram``'s plan for an NCHW input of ``shape`` (B, C, H, W) and a conv geometry, as one
+    constant (with :data:`PANEL_FLOATS`). The scale is ``multiplier / (B * Ho * Wo)`` (``per_position``: a
+    conv's A) or ``multiplier * B`` (a conv's G, over the positions of dL/ds)."""
+    top, _, left, _, out_h, out_w = conv_output_geometry(shape[2], shape[3], kernel_size, stride, dilation, pad_mode,
+                                                         padding)
+    scale = multiplier / (shape[0] * out_h * out_w) if per_position else multiplier * shape[0]
+    nblocks, bs = factor_blocks(shape[1] * kernel_size[0] * kernel_size[1], block_size)
+    return _plan(scale, *kernel_size, *stride, *dilation, top, left, out_h, out_w, nblocks, bs, PANEL_FLOATS)
+
+
+@constexpr
+def row_plan_tensor(shape, block_size, multiplier: float, per_row: bool) -> Tensor:
+    """``MsOptimRowGram``'s plan for ``(N, n)`` rows, as one constant: the scale is ``multiplier / N``
+    (``per_row``: a Dense A) or ``multiplier * N`` (a G)."""
+    scale = multiplier / shape[0] if per_row else multiplier * shape[0]
+    return _plan(scale, *factor_blocks(shape[1], block_size))
+
+
+@constexpr
+def count_plan_tensor(count: int, multiplier: float) -> Tensor:
+    """``MsOptimIdCounts``'s plan for ``count`` ids, as one constant: the scale ``multiplier / count``."""
+    return _plan(multiplier / count)
+
+
+def _plan(*values: float) -> Tensor:
+    return Tensor(np.array(values, np.float64))
