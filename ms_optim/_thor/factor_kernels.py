@@ -15,8 +15,8 @@ them, Momentum 8 s) and 0.3 GiB of its resident set. Here each factor is one ``o
 * ``MsOptimIdCounts(factor, ids, flag, plan)``: ``scale * counts`` of the ids in ``[0, vocab_size)`` (an
   Embedding's A).
 
-Each reads the layer's ``thor_flag`` itself and does nothing while it is False, so the tap needs no
-branch; it writes the factor only when every value is finite (the previous one is kept, as the
+Each also reads the layer's ``thor_flag`` and does nothing while it is False (the tap still calls it
+inside its ``if thor_flag`` branch: see ``taps.py``); it writes the factor only when every value is finite (the previous one is kept, as the
 composite tap does) and returns ``[1.0]`` when it wrote, else ``[0.0]``. ``plan`` is a float64
 constant with the scale and, for the patches, the conv geometry and the block layout
 (``factors.conv_output_geometry``, ``factors.factor_blocks``). float16 inputs (amp) are read as they

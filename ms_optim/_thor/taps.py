@@ -11,9 +11,11 @@ for layers called more than once), and it works in PYNATIVE and GRAPH mode, insi
 would cast the inputs of *every* op of a float16 cell).
 
 Two ways to compute a factor, with the same numbers. On CPU (``MS_OPTIM_FUSED`` not ``0``) each factor is
-one fused op (``factor_kernels.py``) that reads the flag itself and stores the factor only if it is
-finite, so the tap has no branch and two graph nodes; elsewhere the tap runs the composite ops of
-``factors.py`` inside ``if flag`` and stores with ``keep_if``/``assign``. The composite taps made THOR's
+one fused op (``factor_kernels.py``) that stores the factor only if it is finite, so the tap's
+``if flag`` branch holds two graph nodes; elsewhere the branch runs the composite ops of ``factors.py``
+and stores with ``keep_if``/``assign``. (The fused ops also read the flag, and without the branch
+compiled faster, but under amp O3 at 224x224 the step's peak grew by 0.3 to 1.9 GiB: the README's
+"THOR at depth".) The composite taps made THOR's
 compile time and compiled memory grow by a dozen nodes per factor (``factor_kernels`` gives the figures).
 
 The factor formulas (and their normalisation) are in ``factors.py``; the layers (``layers.py``) own
@@ -146,17 +148,16 @@ class _FactorTap(nn.Cell):
 
     def bprop(self, s, x, flag, a_cov, g_cov, out, dout):
         kernels = self.kernels
-        if kernels is not None:  # one op per factor, each reading the flag itself: no branch in the graph
+        if kernels is not None and flag:  # one op per factor (each also reads the flag)
             guard = self.schedule_guard
             if guard is not None:
-                if flag:
-                    dout = ops.depend(dout, guard())
+                dout = ops.depend(dout, guard())
             written_g = self._g_fused(kernels, g_cov, _kernel_input(dout), flag)
             # A after G (through the flag: a depend on the input x costs 0.1 GiB in ResNet-50's compiled
             # graph), so a layer called twice keeps its first call's A, whose backward runs last, as for G
             written_a = self._a_fused(kernels, a_cov, _kernel_input(x), ops.depend(flag, written_g))
             dout = ops.depend(dout, written_a)
-        elif flag:
+        elif kernels is None and flag:
             guard = self.schedule_guard
             if guard is not None:  # PYNATIVE: the optimizer refuses this step only after the backward pass
                 dout = ops.depend(dout, guard())
