@@ -187,8 +187,9 @@ extern "C" void MsOptimSetSgemm(void *fn) { g_sgemm = reinterpret_cast<SgemmFn>(
 // Patch gram of an NCHW input: inputs factor (written: nblocks*bs*bs floats), x (B, C, H, W) float32 or
 // float16, flag (bool: nothing is done when false), plan (float64[14]: scale, kh, kw, sh, sw, dh, dw,
 // pad_top, pad_left, out_h, out_w, nblocks, bs, panel floats); output written[1]. The patches of a block
-// are laid out for as many samples at a time as fit the panel floats (at least one). Row r = c*kh*kw + i*kw + j of the
-// patch at output (oy, ox) is x[c, oy*sh - pad_top + i*dh, ox*sw - pad_left + j*dw], zero outside.
+// are laid out for as many samples at a time as fit the panel floats (at least one). Row
+// r = c*kh*kw + i*kw + j of the patch at output (oy, ox) is x[c, oy*sh - pad_top + i*dh, ox*sw - pad_left + j*dw],
+// zero outside.
 // A conv's G is the same with a 1x1 kernel over dL/ds.
 extern "C" int MsOptimPatchGram(int nparam, void **params, int *ndims, int64_t **shapes, const char **dtypes,
                                 void * /*stream*/, void * /*extra*/) {
