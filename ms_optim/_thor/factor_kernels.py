@@ -44,7 +44,6 @@ import mindspore as ms
 import numpy as np
 from mindspore import Tensor, ops
 from mindspore.ops import constexpr
-from mindspore.ops import signature as sig
 
 from ms_optim._thor.factors import conv_output_geometry, factor_blocks
 from ms_optim.optim import _fused
@@ -59,16 +58,10 @@ _kernels: Optional[tuple] = None
 _unavailable: Optional[str] = None
 
 
-class _FactorCustom(ops.Custom):
-    """An aot Custom op ``(factor, input, flag, plan) -> written[1]`` that writes ``factor`` in place
-    (declared like Assign's ``variable``, so graph mode orders the reads and writes of that Parameter)."""
+class _FactorCustom(_fused._InplaceCustom):  # pylint: disable=protected-access
+    """``(factor, input, flag, plan) -> written[1]``, writing ``factor`` in place (as the fused optimizer ops)."""
 
-    __mindspore_signature__ = (sig.make_sig("factor", sig.sig_rw.RW_WRITE), sig.make_sig("x"),
-                               sig.make_sig("flag"), sig.make_sig("plan"))
-
-    def __init__(self, func: str) -> None:
-        super().__init__(func, out_shape=lambda *shapes: [1], out_dtype=lambda *dtypes: ms.float32, func_type="aot")
-        self.add_prim_attr("side_effect_mem", True)
+    __mindspore_signature__ = _fused._signature(4, 1)  # pylint: disable=protected-access
 
 
 def _ops(path: str) -> Tuple[ops.Custom, ...]:

@@ -7,6 +7,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <memory>
 #include <vector>
 
 namespace {
@@ -180,6 +181,21 @@ float Store(std::vector<float> &blocks, float scale, float *factor) {
   return 1.0f;
 }
 
+// The written[1] output of a factor op (inputs factor, x, flag, plan), set to 0; nullptr when its flag is
+// False (nothing to do).
+float *FactorOutput(void **params) {
+  float *out = static_cast<float *>(params[4]);
+  out[0] = 0.0f;
+  return *static_cast<const bool *>(params[2]) ? out : nullptr;
+}
+
+// Scales the result by plan[0] and stores it into the factor (params[0]) if finite; sets the output.
+int Finish(void **params, std::vector<float> &result, float *out) {
+  const double scale = static_cast<const double *>(params[3])[0];
+  out[0] = Store(result, static_cast<float>(scale), static_cast<float *>(params[0]));
+  return 0;
+}
+
 }  // namespace
 
 extern "C" void MsOptimSetSgemm(void *fn) { g_sgemm = reinterpret_cast<SgemmFn>(fn); }
@@ -194,9 +210,8 @@ extern "C" void MsOptimSetSgemm(void *fn) { g_sgemm = reinterpret_cast<SgemmFn>(
 extern "C" int MsOptimPatchGram(int nparam, void **params, int *ndims, int64_t **shapes, const char **dtypes,
                                 void * /*stream*/, void * /*extra*/) {
   if (nparam != 5 || ndims[1] != 4 || g_sgemm == nullptr || !IsFloat(dtypes[1])) return 1;
-  float *out = static_cast<float *>(params[4]);
-  out[0] = 0.0f;
-  if (!*static_cast<const bool *>(params[2])) return 0;
+  float *out = FactorOutput(params);
+  if (out == nullptr) return 0;
   const Source x{params[1], Is(dtypes[1], "float16")};
   const double *p = static_cast<const double *>(params[3]);
   const int64_t batch = shapes[1][0], channels = shapes[1][1], height = shapes[1][2], width = shapes[1][3];
@@ -205,14 +220,14 @@ extern "C" int MsOptimPatchGram(int nparam, void **params, int *ndims, int64_t *
   const int64_t n = channels * kh * kw, positions = oh * ow;
   std::vector<float> blocks(nblocks * bs * bs, 0.0f);
   const int64_t samples = std::max<int64_t>(1, std::min<int64_t>(batch, panel_floats / (bs * positions)));
-  std::vector<float> panel(bs * samples * positions);
+  std::unique_ptr<float[]> panel(new float[bs * samples * positions]);  // every used entry is written
   for (int64_t k = 0; k < nblocks; ++k) {
     const int64_t r0 = k * bs, rows = std::min(bs, n - r0);
     for (int64_t b0 = 0; b0 < batch; b0 += samples) {
       const int64_t nb = std::min(samples, batch - b0), cols = nb * positions;
       for (int64_t r = 0; r < rows; ++r) {
         const int64_t c = (r0 + r) / (kh * kw), i = (r0 + r) % (kh * kw) / kw, j = (r0 + r) % kw;
-        float *row = panel.data() + r * cols;
+        float *row = panel.get() + r * cols;
         for (int64_t s = 0; s < nb; ++s) {
           const int64_t base = ((b0 + s) * channels + c) * height * width;
           for (int64_t oy = 0; oy < oh; ++oy) {
@@ -229,12 +244,11 @@ extern "C" int MsOptimPatchGram(int nparam, void **params, int *ndims, int64_t *
           }
         }
       }
-      g_sgemm('N', 'T', rows, rows, cols, 1.0f, panel.data(), cols, panel.data(), cols, b0 == 0 ? 0.0f : 1.0f,
+      g_sgemm('N', 'T', rows, rows, cols, 1.0f, panel.get(), cols, panel.get(), cols, b0 == 0 ? 0.0f : 1.0f,
               blocks.data() + k * bs * bs, bs);
     }
   }
-  out[0] = Store(blocks, static_cast<float>(p[0]), static_cast<float *>(params[0]));
-  return 0;
+  return Finish(params, blocks, out);
 }
 
 // Row gram of a (N, n) input: inputs factor (written), rows float32 or float16, flag, plan (float64[3]:
@@ -242,9 +256,8 @@ extern "C" int MsOptimPatchGram(int nparam, void **params, int *ndims, int64_t *
 extern "C" int MsOptimRowGram(int nparam, void **params, int *ndims, int64_t **shapes, const char **dtypes,
                               void * /*stream*/, void * /*extra*/) {
   if (nparam != 5 || ndims[1] != 2 || g_sgemm == nullptr || !IsFloat(dtypes[1])) return 1;
-  float *out = static_cast<float *>(params[4]);
-  out[0] = 0.0f;
-  if (!*static_cast<const bool *>(params[2])) return 0;
+  float *out = FactorOutput(params);
+  if (out == nullptr) return 0;
   const double *p = static_cast<const double *>(params[3]);
   const int64_t rows = shapes[1][0], n = shapes[1][1], nblocks = p[1], bs = p[2];
   std::vector<float> converted;
@@ -260,8 +273,7 @@ extern "C" int MsOptimRowGram(int nparam, void **params, int *ndims, int64_t **s
     const int64_t width = std::min(bs, n - k * bs);
     g_sgemm('T', 'N', width, width, rows, 1.0f, r + k * bs, n, r + k * bs, n, 0.0f, blocks.data() + k * bs * bs, bs);
   }
-  out[0] = Store(blocks, static_cast<float>(p[0]), static_cast<float *>(params[0]));
-  return 0;
+  return Finish(params, blocks, out);
 }
 
 // Id counts of an Embedding: inputs factor (written: vocab floats), ids int32 or int64 (any shape), flag,
@@ -269,9 +281,8 @@ extern "C" int MsOptimRowGram(int nparam, void **params, int *ndims, int64_t **s
 extern "C" int MsOptimIdCounts(int nparam, void **params, int *ndims, int64_t **shapes, const char **dtypes,
                                void * /*stream*/, void * /*extra*/) {
   if (nparam != 5 || !(Is(dtypes[1], "int32") || Is(dtypes[1], "int64"))) return 1;
-  float *out = static_cast<float *>(params[4]);
-  out[0] = 0.0f;
-  if (!*static_cast<const bool *>(params[2])) return 0;
+  float *out = FactorOutput(params);
+  if (out == nullptr) return 0;
   const int64_t vocab = NumElements(0, ndims, shapes), count = NumElements(1, ndims, shapes);
   const bool wide = Is(dtypes[1], "int64");
   std::vector<float> counts(vocab, 0.0f);
@@ -279,9 +290,7 @@ extern "C" int MsOptimIdCounts(int nparam, void **params, int *ndims, int64_t **
     const int64_t id = wide ? static_cast<const int64_t *>(params[1])[i] : static_cast<const int32_t *>(params[1])[i];
     if (id >= 0 && id < vocab) counts[id] += 1.0f;
   }
-  out[0] = Store(counts, static_cast<float>(static_cast<const double *>(params[3])[0]),
-                 static_cast<float *>(params[0]));
-  return 0;
+  return Finish(params, counts, out);
 }
 
 // THOR's preconditioned gradient G^-1 g A^-1 of a Dense or conv weight gradient g (out, k) float32, with the
@@ -298,15 +307,15 @@ extern "C" int MsOptimBlockPrecondition(int nparam, void **params, int *ndims, i
   const float *g_inv = static_cast<const float *>(params[1]);
   const float *a_inv = static_cast<const float *>(params[2]);
   float *out = static_cast<float *>(params[3]);
-  std::vector<float> left(rows * cols);
+  std::unique_ptr<float[]> left(new float[rows * cols]);  // written whole by the first products
   for (int64_t i = 0; i < ng && i * bg < rows; ++i) {
     const int64_t r0 = i * bg, w = std::min(bg, rows - r0);
-    g_sgemm('N', 'N', w, cols, w, 1.0f, g_inv + i * bg * bg, bg, g + r0 * cols, cols, 0.0f, left.data() + r0 * cols,
+    g_sgemm('N', 'N', w, cols, w, 1.0f, g_inv + i * bg * bg, bg, g + r0 * cols, cols, 0.0f, left.get() + r0 * cols,
             cols);
   }
   for (int64_t j = 0; j < na && j * ba < cols; ++j) {
     const int64_t c0 = j * ba, w = std::min(ba, cols - c0);
-    g_sgemm('N', 'N', rows, w, w, 1.0f, left.data() + c0, cols, a_inv + j * ba * ba, ba, 0.0f, out + c0, cols);
+    g_sgemm('N', 'N', rows, w, w, 1.0f, left.get() + c0, cols, a_inv + j * ba * ba, ba, 0.0f, out + c0, cols);
   }
   return 0;
 }
