@@ -124,6 +124,8 @@ def _train_repeated(per_layer: bool, seed_values, batches):
     assert opt.batched and opt.grouped.widths == (5, 16, 27, 128)  # fc G 5, conv G 16, stem A 27, A 144
     if per_layer:
         opt.batched = False  # read when the step is compiled: the per-layer inversion of slot.invert_layer
+        for slot in opt.slots:  # with the constants it adds (thor() attaches them only when it inverts per layer)
+            slot.attach_inversion_constants()
     cell = _train_cell(net, opt, sens=64.0)
     losses = [float(cell(Tensor(x), Tensor(y)).asnumpy()) for x, y in batches]
     inverses = [p.asnumpy() for p in list(opt.matrix_a_inv) + list(opt.matrix_g_inv)]

@@ -78,8 +78,8 @@ def attach_rules(slots, convention: str) -> None:
         elif convention == "ascend" and has_conv and slot.kind in ("conv", "dense"):
             slot.max_scale = True
         if slot.max_scale:  # the maxima skip the identity padding of the last block
-            slot.a_keep = Tensor(1.0 - slot.a_layout.pad_eye.asnumpy(), mstype.float32)
-            slot.g_keep = Tensor(1.0 - slot.g_layout.pad_eye.asnumpy(), mstype.float32)
+            slot.a_keep = Tensor(1.0 - slot.a_layout.pad_identity(), mstype.float32)
+            slot.g_keep = Tensor(1.0 - slot.g_layout.pad_identity(), mstype.float32)
 
 
 def _leading_constants(bs: int):

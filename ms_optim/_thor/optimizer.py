@@ -178,7 +178,6 @@ class ThorOptimizer(Optimizer):
         self.decay_flags = tuple(bool(decay_filter(p)) for p in self._parameters)
         self.weight_decay_tensor = Tensor(self.weight_decay, mstype.float32)
         self.exec_weight_decay = False  # nn.Optimizer's own decay path stays off
-
         # learning rate / damping schedules and their lengths (None: a 0-D Tensor, no end)
         self.lr_steps = int(learning_rate.shape[0]) if learning_rate.ndim == 1 else None
         self.damping = Tensor(damping.asnumpy().astype(np.float32).reshape(-1))
@@ -203,6 +202,8 @@ class ThorOptimizer(Optimizer):
         self.batched = (self.trace is None and not self.sharing.counts and not self.averaging.is_distributed
                         and all(slot.g_rule == INVERSE and not slot.max_scale for slot in self.slots))
         self.grouped = GroupedInversion(self.slots, self.matrix_a_cov, self.matrix_g_cov) if self.batched else None
+        for slot in () if self.batched else self.slots:
+            slot.attach_inversion_constants()
         self.factor_loss_scale = Parameter(Tensor(loss_scale, mstype.float32), name="factor_loss_scale",
                                            requires_grad=False)
         self.frequency_tensor = Tensor([self.frequency], mstype.int32)

@@ -28,8 +28,9 @@ class LayerSlot(nn.Cell):
     * ``grad_index``: position of the layer's weight among the optimizer's parameters (the gradient
       the factor read waits for: the backward pass has stored the factors by then);
     * ``a_layout`` / ``g_layout``: the ``BlockLayout`` of A (None for an embedding's diagonal A)
-      and of G; ``a_geom`` / ``g_geom``: their ``(n, nblocks, bs)``; ``a_eye``, ``a_pad_eye``,
-      ``g_eye``, ``g_pad_eye``: their constant identity blocks and pad masks;
+      and of G; ``a_geom`` / ``g_geom``: their ``(n, nblocks, bs)``;
+    * ``a_eye``, ``a_pad_eye``, ``g_eye``, ``g_pad_eye``: their constant identity blocks and pad masks, set
+      by :meth:`attach_inversion_constants` for the layer-by-layer inversion (:func:`invert_layer`) only;
     * ``a_inv`` / ``g_inv``: the stored inverses, Parameters ``matrix_a_inv_blocks_<index>`` /
       ``matrix_g_inv_blocks_<index>`` (initially the identity).
     """
@@ -41,20 +42,15 @@ class LayerSlot(nn.Cell):
         self.grad_index = int(grad_index)
         self.g_layout = pc.BlockLayout(int(layer.g_dim), block_size)
         self.g_geom = (self.g_layout.n, self.g_layout.nblocks, self.g_layout.bs)
-        self.g_eye = self.g_layout.eye
-        self.g_pad_eye = self.g_layout.pad_eye
         self.g_inv = Parameter(Tensor(pc.identity_blocks(self.g_layout)), name=f"matrix_g_inv_blocks_{index}",
                                requires_grad=False)
         if self.is_embedding:
             self.a_layout = None
             self.a_geom = (0, 0, 0)
-            self.a_eye = self.a_pad_eye = Tensor(np.zeros((1,), np.float32))  # unused
             a_inv = np.ones((int(layer.a_dim),), np.float32)
         else:
             self.a_layout = pc.BlockLayout(int(layer.a_dim), block_size)
             self.a_geom = (self.a_layout.n, self.a_layout.nblocks, self.a_layout.bs)
-            self.a_eye = self.a_layout.eye
-            self.a_pad_eye = self.a_layout.pad_eye
             a_inv = pc.identity_blocks(self.a_layout)
         self.a_inv = Parameter(Tensor(a_inv), name=f"matrix_a_inv_blocks_{index}", requires_grad=False)
         want = ((int(layer.a_dim),) if self.is_embedding else stored_shape(layer.a_dim, block_size),
@@ -63,6 +59,17 @@ class LayerSlot(nn.Cell):
             raise ValueError(f"THOR layer {index} stores its factors as {tuple(layer.matrix_a_cov.shape)} and "
                              f"{tuple(layer.matrix_g_cov.shape)}, but the optimizer inverts blocks of {block_size}: "
                              f"call layer.set_factor_block_size({block_size}) (thor() does).")
+
+    def attach_inversion_constants(self) -> None:
+        """Give the slot the identity blocks and pad masks :func:`invert_layer` adds (the optimizer calls this
+        when it inverts layer by layer; the batched inversion needs none)."""
+        self.g_eye = self.g_layout.eye
+        self.g_pad_eye = self.g_layout.pad_eye
+        if self.is_embedding:
+            self.a_eye = self.a_pad_eye = Tensor(np.zeros((1,), np.float32))  # unused
+        else:
+            self.a_eye = self.a_layout.eye
+            self.a_pad_eye = self.a_layout.pad_eye
 
 
 def layer_inverses(slot: LayerSlot, a_factor, g_factor, lam):
