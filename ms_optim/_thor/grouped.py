@@ -88,10 +88,7 @@ class _WidthGroup(nn.Cell):
         for m, (_, _, layout, g) in enumerate(members):
             shapes.append(((layout.nblocks, width, width), g))
             spans.append((start, start + layout.nblocks))
-            marks = np.zeros((layout.nblocks, width), np.float32)
-            if layout.pad:
-                marks[-1, width - layout.pad:] = 1.0
-            pad_rows.append(marks)
+            pad_rows.append(layout.pad_diagonal())
             segments += [m] * layout.nblocks
             start += layout.nblocks
         self.total, self.count, self.width = start, len(members), width

@@ -84,7 +84,7 @@ class BlockLayout:
 
     ``block_size=None`` means one whole-matrix block (``inverse="full"``). ``padded = nblocks * bs``.
     ``eye`` and ``pad_eye`` (the identity blocks and the pad mask, the constants of the layer-by-layer
-    inversion) are made on first use: each is the size of the factor, and the batched inversion
+    inversion) are made when read: each is the size of the factor, and the batched inversion
     (``_thor.grouped``) uses neither (made for every layer, with a NumPy copy, they were 0.12 GiB of
     ResNet-50's resident set).
     """
@@ -98,34 +98,27 @@ class BlockLayout:
         self.nblocks = int(math.ceil(n / bs))
         self.padded = self.nblocks * self.bs
         self.pad = self.padded - self.n
-        self._tensors = {}
 
-    def identity(self) -> np.ndarray:
-        """The identity in stored form, ``(nblocks, bs, bs)`` float32 (the padding's diagonal included)."""
-        return np.broadcast_to(np.eye(self.bs, dtype=np.float32), self.shape).copy()
+    def pad_diagonal(self) -> np.ndarray:
+        """``(nblocks, bs)`` float32: 1 where the diagonal runs through the last block's padding, else 0."""
+        marks = np.zeros((self.nblocks, self.bs), np.float32)
+        if self.pad:
+            marks[-1, self.bs - self.pad:] = 1.0
+        return marks
 
     def pad_identity(self) -> np.ndarray:
-        """``(nblocks, bs, bs)`` float32, 1 on the diagonal of the last block's padding, else 0."""
-        mask = np.zeros(self.shape, np.float32)
-        if self.pad:
-            idx = np.arange(self.bs - self.pad, self.bs)
-            mask[-1, idx, idx] = 1.0
-        return mask
-
-    def _tensor(self, key: str, make) -> Tensor:
-        if key not in self._tensors:
-            self._tensors[key] = Tensor(make(), mstype.float32)
-        return self._tensors[key]
+        """``(nblocks, bs, bs)`` float32: :meth:`pad_diagonal` on the blocks' diagonals, 0 elsewhere."""
+        return np.eye(self.bs, dtype=np.float32)[None] * self.pad_diagonal()[:, None, :]
 
     @property
     def eye(self) -> Tensor:
-        """:meth:`identity` as a Tensor (made once)."""
-        return self._tensor("eye", self.identity)
+        """:func:`identity_blocks` as a new Tensor (read once per slot by the layer-by-layer inversion)."""
+        return Tensor(identity_blocks(self), mstype.float32)
 
     @property
     def pad_eye(self) -> Tensor:
-        """:meth:`pad_identity` as a Tensor (made once)."""
-        return self._tensor("pad_eye", self.pad_identity)
+        """:meth:`pad_identity` as a new Tensor."""
+        return Tensor(self.pad_identity(), mstype.float32)
 
     @property
     def shape(self) -> Tuple[int, int, int]:
@@ -138,7 +131,7 @@ class BlockLayout:
 
 def identity_blocks(layout: BlockLayout) -> np.ndarray:
     """The identity in stored form (the initial inverse and the fallback), as a NumPy array."""
-    return layout.identity()
+    return np.broadcast_to(np.eye(layout.bs, dtype=np.float32), layout.shape).copy()
 
 
 def damped_blocks(factor, lam, n: int, nblocks: int, bs: int, eye, pad_eye):
