@@ -6,7 +6,10 @@
 * A conv net with three identical 3x3 convolutions (A of 144: two blocks, the last padded) trained
   with a loss scale: equal to the per-layer inversion (``slot.invert_layer``), which the other oracle
   tests check; the first THOR step's inverses bit for bit.
+* The same net with the 128-wide inversion cut into chunks of whole factors (``grouped.CHUNK_BYTES``
+  made small): every loss, parameter and inverse bit for bit those of one inversion per width.
 """
+from types import SimpleNamespace
 from typing import Dict
 
 import numpy as np
@@ -15,6 +18,7 @@ from mindspore import Tensor, nn
 from reference import thor_factors as tf
 from reference.thor_ref import ThorReference, softmax_xent
 
+from ms_optim._thor import grouped
 from ms_optim._thor.factory import thor
 
 RTOL = 1e-3
@@ -115,13 +119,14 @@ class RepeatedConvNet(nn.Cell):
         return self.fc(self.flatten(x))
 
 
-def _train_repeated(per_layer: bool, seed_values, batches):
+def _train_repeated(per_layer: bool, seed_values, batches, groups: int = 4):
     net = RepeatedConvNet()
     for p, value in zip(net.trainable_params(), seed_values):
         p.set_data(Tensor(value))
     opt = thor(net, Tensor(np.full((4,), 0.01, np.float32)), Tensor(np.full((4,), 0.1, np.float32)), 0.9,
                weight_decay=1e-4, loss_scale=64.0, batch_size=4, frequency=2)
     assert opt.batched and opt.grouped.widths == (5, 16, 27, 128)  # fc G 5, conv G 16, stem A 27, A 144
+    assert len(opt.grouped.groups) == groups
     if per_layer:
         opt.batched = False  # read when the step is compiled: the per-layer inversion of slot.invert_layer
         for slot in opt.slots:  # with the constants it adds (thor() attaches them only when it inverts per layer)
@@ -132,12 +137,17 @@ def _train_repeated(per_layer: bool, seed_values, batches):
     return losses, _params(net), inverses
 
 
-def test_repeated_conv_blocks_equal_per_layer_path(mode, rng):
+def _repeated_case(rng):
     template = RepeatedConvNet()
     values = [(rng.standard_normal(p.shape) * (np.sqrt(2.0 / np.prod(p.shape[1:])) if len(p.shape) > 1 else 0.1))
               .astype(np.float32) for p in template.trainable_params()]
     batches = [(rng.standard_normal((4, 3, 6, 6)).astype(np.float32), rng.integers(0, 5, 4).astype(np.int32))
                for _ in range(4)]
+    return values, batches
+
+
+def test_repeated_conv_blocks_equal_per_layer_path(mode, rng):
+    values, batches = _repeated_case(rng)
     first = _train_repeated(False, values, batches[:1])[2]
     for got, want in zip(first, _train_repeated(True, values, batches[:1])[2]):
         np.testing.assert_array_equal(got, want)  # the first THOR step: the same factors, inverted bit for bit
@@ -151,3 +161,25 @@ def test_repeated_conv_blocks_equal_per_layer_path(mode, rng):
         np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
     assert inverses[1].shape == (2, 128, 128)  # a repeated conv's A (144): two blocks, the last padded
     assert not np.allclose(inverses[1][0], np.eye(128))  # the inverses were refreshed (not the initial identity)
+
+
+def test_chunked_inversion_is_bit_for_bit_one_inversion(mode, rng, monkeypatch):
+    values, batches = _repeated_case(rng)
+    losses, params, inverses = _train_repeated(False, values, batches)
+    # the 128-wide blocks (three conv A of 2 blocks, the fc's A of 576: 5 blocks) in chunks of at most 2 blocks of
+    # whole factors: one chunk per factor, the fc's A alone; 4 + 3 inversions
+    monkeypatch.setattr(grouped, "CHUNK_BYTES", 2 * 4 * 128 ** 2)
+    chunked_losses, chunked_params, chunked_inverses = _train_repeated(False, values, batches, groups=7)
+    assert chunked_losses == losses
+    for name, want in params.items():
+        np.testing.assert_array_equal(chunked_params[name], want, err_msg=name)
+    for got, want in zip(chunked_inverses, inverses):
+        np.testing.assert_array_equal(got, want)
+    assert not np.allclose(inverses[1][0], np.eye(128))  # refreshed
+
+
+def test_chunk_members_cuts_whole_factors_in_order(monkeypatch):
+    members = [(name, None, SimpleNamespace(nblocks=n), False) for name, n in zip("abcdef", (1, 3, 2, 5, 1, 1))]
+    monkeypatch.setattr(grouped, "CHUNK_BYTES", 4 * 4 * 8 ** 2)  # 4 blocks of width 8
+    names = [[m[0] for m in chunk] for chunk in grouped.chunk_members(8, members)]
+    assert names == [["a", "b"], ["c"], ["d"], ["e", "f"]]  # d (5 blocks > 4) alone

@@ -5,7 +5,15 @@ Each layer's factors are stored as square diagonal blocks (``factors.stored_shap
 are independent ``w x w`` problems, so a THOR step concatenates them into one ``(total, w, w)``
 tensor per width and inverts it with one ``MatrixInverse``. A ResNet with the default blocks of 128
 has a handful of widths (128 and the small factors' own sizes) whatever its depth, so the inversion
-part of the compiled graph no longer holds a branch per layer. The per-factor work that is left
+part of the compiled graph no longer holds a branch per layer.
+
+Chunks. A width's factors are inverted in chunks of whole factors of at most ``CHUNK_BYTES`` of blocks
+(a larger factor is a chunk of its own), one chunk after the other: chunk ``i + 1`` reads its factors
+only after chunk ``i`` has stored its inverses. A chunk's temporaries (the concatenated and damped
+blocks, their inverse, the residual check, the selection) take about six times its blocks' size; one
+concatenation of every block of a width made that the THOR step's peak, growing with the net's depth
+(about 0.4 GiB at ResNet-101 at 32x32). ``MatrixInverse`` inverts each block on its own, so chunking
+changes no number. The per-factor work that is left
 (read, slice, store) is written as ``hyper_map`` over tuples: GRAPH_MODE specialises one small graph
 per element instead of unrolling a loop that grows a tuple, which compiled about 5x slower.
 
@@ -14,7 +22,7 @@ The numbers are those of ``slot.invert_layer``, block for block (``u = 1 / facto
 .. code-block:: text
 
     F_k   = u * (stored block k)  if it belongs to a G, else the stored block   (u applied per G factor)
-    F_k   <- mean over data-parallel ranks of F_k            (one all-reduce per group; none on one device)
+    F_k   <- mean over data-parallel ranks of F_k            (one all-reduce per chunk; none on one device)
     D_k   = F_k + (sqrt(d) + p_k) * I        p_k = 1 on the zero padding of a layer's last block, else 0
     X_k   = D_k^-1                            (one MatrixInverse of the concatenated blocks)
     bad_k = not finite(sum |D_k X_k - I|) or max |D_k X_k - I| > INVERSE_TOLERANCE
@@ -38,7 +46,9 @@ from mindspore.ops import functional as F
 from ms_optim._thor import preconditioner as pc
 from ms_optim._thor.parallel import data_parallel_group_size
 
-__all__ = ["GroupedInversion"]
+__all__ = ["GroupedInversion", "CHUNK_BYTES", "chunk_members"]
+
+CHUNK_BYTES = 16 * 2 ** 20  # float32 blocks per chunk of a width's inversion (see the module docstring)
 
 _read_blocks = C.MultitypeFuncGraph("thor_read_blocks")
 _store_blocks = C.MultitypeFuncGraph("thor_store_blocks")
@@ -74,6 +84,22 @@ def _store_diagonal_tensor(anchor, lam, factor, inverse):
     stored one is kept)."""
     new = pc.damped_diagonal_inverse(ops.depend(factor, anchor), lam)
     return ops.assign(inverse, pc.keep_if(ops.all(ops.isfinite(new)), new, inverse))
+
+
+def chunk_members(width: int, members: Sequence) -> List[List]:
+    """``members`` (factors of block width ``width``, each with its ``BlockLayout`` at index 2) in order, cut
+    into runs of whole factors holding at most ``CHUNK_BYTES`` of float32 blocks (a larger factor alone)."""
+    limit = max(1, CHUNK_BYTES // (4 * width * width))
+    chunks: List[List] = []
+    blocks = 0
+    for member in members:
+        nblocks = member[2].nblocks
+        if not chunks or blocks + nblocks > limit:
+            chunks.append([])
+            blocks = 0
+        chunks[-1].append(member)
+        blocks += nblocks
+    return chunks
 
 
 class _WidthGroup(nn.Cell):
@@ -126,7 +152,7 @@ class _WidthGroup(nn.Cell):
 
 
 class GroupedInversion(nn.Cell):
-    """Every layer's damped inversion on a THOR step, one :class:`_WidthGroup` per block width.
+    """Every layer's damped inversion on a THOR step, one :class:`_WidthGroup` per chunk of a block width.
 
     ``slots``: the optimizer's ``LayerSlot``\\ s; ``a_covs`` / ``g_covs``: the layers' factor Parameters
     in the same order. ``construct(lam, g_unscale, anchor)`` reads the factors after ``anchor``,
@@ -144,8 +170,8 @@ class GroupedInversion(nn.Cell):
             else:
                 by_width.setdefault(slot.a_layout.bs, []).append((a_cov, slot.a_inv, slot.a_layout, False))
             by_width.setdefault(slot.g_layout.bs, []).append((g_cov, slot.g_inv, slot.g_layout, True))
-        self.groups = nn.CellList([_WidthGroup(w, by_width[w]) for w in sorted(by_width)],
-                                  auto_prefix=False)
+        self.groups = nn.CellList([_WidthGroup(w, chunk) for w in sorted(by_width)
+                                   for chunk in chunk_members(w, by_width[w])], auto_prefix=False)
         self.num_groups = len(self.groups)
         self.widths = tuple(sorted(by_width))
         self.has_embedding = bool(embedding_factors)
@@ -162,7 +188,9 @@ class GroupedInversion(nn.Cell):
     def construct(self, lam, g_unscale, anchor):
         done = ()
         for group in self.groups:
-            done = done + (group(lam, g_unscale, anchor),)
+            stores = group(lam, g_unscale, anchor)
+            anchor = F.depend(anchor, stores)  # the next chunk reads after these stores: one chunk's temporaries live
+            done = done + (stores,)
         if self.has_embedding:
             factors = self.embedding_factors
             if self.is_distributed:
