@@ -1,4 +1,4 @@
-r"""All of a THOR step's damped inversions as one batched inversion per block width.
+r"""All of a THOR step's damped inversions as batched inversions per block width (in chunks).
 
 Each layer's factors are stored as square diagonal blocks (``factors.stored_shape``): ``(n, n)`` when
 ``n <= bs``, else ``(nblocks, bs, bs)``. Blocks of the same width ``w`` -- of any layer, A or G --
@@ -24,7 +24,7 @@ The numbers are those of ``slot.invert_layer``, block for block (``u = 1 / facto
     F_k   = u * (stored block k)  if it belongs to a G, else the stored block   (u applied per G factor)
     F_k   <- mean over data-parallel ranks of F_k            (one all-reduce per chunk; none on one device)
     D_k   = F_k + (sqrt(d) + p_k) * I        p_k = 1 on the zero padding of a layer's last block, else 0
-    X_k   = D_k^-1                            (one MatrixInverse of the concatenated blocks)
+    X_k   = D_k^-1                            (one MatrixInverse of a chunk's concatenated blocks)
     bad_k = not finite(sum |D_k X_k - I|) or max |D_k X_k - I| > INVERSE_TOLERANCE
     ok_m  = no bad_k among the blocks of factor m       (UnsortedSegmentMax over the blocks)
     new_m = X (blocks of m)  if ok_m  else the stored inverse of m

@@ -22,7 +22,7 @@ Algorithm (one call of the optimizer is one step ``t``, its ``global_step``; ``f
         Ginv_l <- blockdiag_k (G_l,k + lam I)^-1              # or the whole matrix (inverse="full")
         (gpu/ascend: MindSpore's special inverses, e.g. Ascend's max-abs scale: ms_optim._thor.device_rules)
         (embedding: Ainv_l <- 1 / (a_l + lam), a_l the diagonal of A)
-        (all layers: one batched inversion per block width, ms_optim._thor.grouped; same numbers)
+        (all layers: batched inversions per block width, in chunks, ms_optim._thor.grouped; same numbers)
         (with trace_thresholds: only the layers the trace rule of ms_optim._thor.trace selects)
     (other steps reuse the stored Ainv, Ginv: no factor work at all)
     Dense/Conv2d weight:   g <- Ginv g Ainv                   (conv weight as out x (in*kh*kw))
@@ -198,7 +198,7 @@ class ThorOptimizer(Optimizer):
         self.sharing = InverseSharing(self.slots, self.split_indices, distribute_inverses)  # see _thor.sharing
         self.averaging = InverseAveraging(self.num_layers, self.split_indices, factor_convention)  # _thor.averaging
         self.trace = None if trace_thresholds is None else TraceSchedule(self.num_layers, trace_thresholds)
-        # all layers inverted alike: one batched inversion per block width (_thor.grouped); else layer by layer
+        # all layers inverted alike: batched inversions per block width, in chunks (_thor.grouped); else per layer
         self.batched = (self.trace is None and not self.sharing.counts and not self.averaging.is_distributed
                         and all(slot.g_rule == INVERSE and not slot.max_scale for slot in self.slots))
         self.grouped = GroupedInversion(self.slots, self.matrix_a_cov, self.matrix_g_cov) if self.batched else None
