@@ -8,6 +8,8 @@
   tests check; the first THOR step's inverses bit for bit.
 * The same net with the 128-wide inversion cut into chunks of whole factors (``grouped.CHUNK_BYTES``
   made small): every loss, parameter and inverse bit for bit those of one inversion per width.
+* The same net updated one parameter after the other (``update.sequential_step``, the default) and
+  staged (every preconditioned gradient first): bit for bit the same.
 """
 from types import SimpleNamespace
 from typing import Dict
@@ -119,7 +121,7 @@ class RepeatedConvNet(nn.Cell):
         return self.fc(self.flatten(x))
 
 
-def _train_repeated(per_layer: bool, seed_values, batches, groups: int = 4):
+def _train_repeated(per_layer: bool, seed_values, batches, groups: int = 4, staged: bool = False):
     net = RepeatedConvNet()
     for p, value in zip(net.trainable_params(), seed_values):
         p.set_data(Tensor(value))
@@ -127,6 +129,8 @@ def _train_repeated(per_layer: bool, seed_values, batches, groups: int = 4):
                weight_decay=1e-4, loss_scale=64.0, batch_size=4, frequency=2)
     assert opt.batched and opt.grouped.widths == (5, 16, 27, 128)  # fc G 5, conv G 16, stem A 27, A 144
     assert len(opt.grouped.groups) == groups
+    assert opt.sequential_update  # no kl_clip, no clip, no Nesterov: one parameter after the other
+    opt.sequential_update = not staged  # read when the step is compiled (ms_optim._thor.update)
     if per_layer:
         opt.batched = False  # read when the step is compiled: the per-layer inversion of slot.invert_layer
         for slot in opt.slots:  # with the constants it adds (thor() attaches them only when it inverts per layer)
@@ -176,6 +180,18 @@ def test_chunked_inversion_is_bit_for_bit_one_inversion(mode, rng, monkeypatch):
     for got, want in zip(chunked_inverses, inverses):
         np.testing.assert_array_equal(got, want)
     assert not np.allclose(inverses[1][0], np.eye(128))  # refreshed
+
+
+def test_sequential_update_is_bit_for_bit_staged(mode, rng):
+    values, batches = _repeated_case(rng)
+    losses, params, inverses = _train_repeated(False, values, batches)
+    staged_losses, staged_params, staged_inverses = _train_repeated(False, values, batches, staged=True)
+    assert staged_losses == losses
+    for name, want in staged_params.items():
+        np.testing.assert_array_equal(params[name], want, err_msg=name)
+    for got, want in zip(inverses, staged_inverses):
+        np.testing.assert_array_equal(got, want)
+    assert not np.allclose(params["convs.0.weight"], values[2])  # trained
 
 
 def test_chunk_members_cuts_whole_factors_in_order(monkeypatch):

@@ -49,6 +49,9 @@ layers in ``ms_optim.nn`` and ``ms_optim.train_thor``). How the modules fit:
 
 ``preconditioner.py`` -- damping, (blocked) inverses and the G^-1 dW A^-1 products, pure functions.
 
+``update.py`` -- the rules after preconditioning (weight decay, unit-norm clip, momentum, Nesterov) and
+    ``sequential_step``: precondition, decay and momentum one parameter after the other.
+
 ``parallel.py`` -- ``FactorAllReduce``: mean all-reduce of factors in fusion groups split at
     ``split_indices``; identity on a single device.
 

@@ -63,7 +63,6 @@ import mindspore.common.dtype as mstype
 import numpy as np
 from mindspore import Parameter, ParameterTuple, Tensor, jit, nn, ops
 from mindspore.nn.optim.optimizer import Optimizer
-from mindspore.ops import composite as C
 from mindspore.ops import functional as F
 from mindspore.ops import operations as P
 
@@ -78,50 +77,12 @@ from ms_optim._thor.parallel import FactorAllReduce
 from ms_optim._thor.sharing import InverseSharing
 from ms_optim._thor.slot import LayerSlot, invert_layer
 from ms_optim._thor.trace import TraceSchedule, decide
+from ms_optim._thor.update import apply_decay, clip_to_unit_norm, momentum_step, nesterov_step, sequential_step
 from ms_optim.optim._base import check_schedule_length
 
 __all__ = ["ThorOptimizer", "LayerSlot"]
 
 _NAME = "thor"
-
-_apply_decay = C.MultitypeFuncGraph("thor_apply_decay")
-_clip_to_unit_norm = C.MultitypeFuncGraph("thor_clip_to_unit_norm")
-_momentum_step = C.MultitypeFuncGraph("thor_momentum_step")
-_nesterov_step = C.MultitypeFuncGraph("thor_nesterov_step")
-
-
-@_apply_decay.register("Tensor", "Bool", "Tensor", "Tensor")
-def _apply_decay_tensor(weight_decay, decay, weight, gradient):
-    """g + wd * w where the decay filter keeps the parameter."""
-    if decay:
-        return gradient + weight_decay * ops.cast(weight, F.dtype(gradient))
-    return gradient
-
-
-@_clip_to_unit_norm.register("Tensor")
-def _clip_to_unit_norm_tensor(gradient):
-    """Per-tensor clip to L2 norm 1: g / max(||g||, 1)."""
-    norm = ops.sqrt(ops.reduce_sum(ops.square(ops.cast(gradient, mstype.float32))))
-    scale = ops.cast(ops.reciprocal(ops.maximum(norm, 1.0)), F.dtype(gradient))
-    return gradient * scale
-
-
-@_momentum_step.register("Function", "Tensor", "Tensor", "Tensor", "Tensor", "Tensor")
-def _momentum_step_tensor(opt, momentum, learning_rate, gradient, weight, moment):
-    """accum = m * accum + g; w -= lr * accum (the fused ApplyMomentum kernel)."""
-    return F.depend(True, opt(weight, moment, learning_rate, gradient, momentum))
-
-
-@_nesterov_step.register("Tensor", "Tensor", "Tensor", "Tensor", "Tensor")
-def _nesterov_step_tensor(momentum, learning_rate, gradient, weight, moment):
-    """accum = m * accum + g; w -= lr * (g + m * accum). Written out: ``ApplyMomentum(use_nesterov=True)``'s
-    CPU kernel in MindSpore 2.10 ignores the flag (it performs the plain momentum update)."""
-    gradient = ops.cast(gradient, F.dtype(moment))
-    accum = momentum * moment + gradient
-    done = ops.assign(moment, accum)
-    update = ops.cast(learning_rate * (gradient + momentum * accum), F.dtype(weight))
-    return F.depend(True, F.depend(ops.assign_sub(weight, update), done))
-
 
 # ----------------------------------------------------------------------------------- the optimizer
 class ThorOptimizer(Optimizer):
@@ -250,6 +211,8 @@ class ThorOptimizer(Optimizer):
         self.batch_size_float = float(self.batch_size)
         kernels = factor_kernels()
         self.precondition_kernel = () if kernels is None else (kernels[3],)
+        # one parameter after the other (precondition, decay, momentum) unless a rule needs all gradients at once
+        self.sequential_update = self.kl_clip is None and not self.enable_clip_grad and not self.use_nesterov
 
     # ------------------------------------------------------------------ public helpers
     def get_frequency(self) -> int:
@@ -367,6 +330,23 @@ class ThorOptimizer(Optimizer):
         return self.hyper_map(F.partial(pc.precondition_parameter, self.precondition_kernel, lam, self.batch_size_float,
                                         self.matrix_g_inv, self.matrix_a_inv), self.param_treatment, gradients)
 
+    def _staged_update(self, params, gradients, lam):
+        """Precondition every gradient, then the rules that read all of them (KL clip, unit-norm clip), decay and
+        the momentum (or Nesterov) steps."""
+        raw_gradients = gradients
+        gradients = self._precondition(gradients, lam)
+        if self.kl_clip is not None:
+            gradients = apply_kl_clip(gradients, raw_gradients, self.get_lr(), self.kl_clip_tensor)
+        if self.apply_weight_decay:
+            gradients = self.hyper_map(F.partial(apply_decay, self.weight_decay_tensor), self.decay_flags,
+                                       params, gradients)
+        if self.enable_clip_grad:
+            gradients = self.hyper_map(clip_to_unit_norm, gradients)
+        lr = self.get_lr()
+        if self.use_nesterov:
+            return self.hyper_map(F.partial(nesterov_step, self.momentum, lr), gradients, params, self.moments)
+        return self.hyper_map(F.partial(momentum_step, self.opt, self.momentum, lr), gradients, params, self.moments)
+
     @jit(backend="ms_backend")
     def construct(self, gradients):
         params = self._parameters
@@ -379,21 +359,15 @@ class ThorOptimizer(Optimizer):
         if ops.all(ops.equal(ops.floor_mod(step, self.frequency_tensor), self.zero_step)):
             refreshed = self._refresh_inverses(gradients, lam)
         gradients = F.depend(gradients, refreshed)
-        raw_gradients = gradients
-        gradients = self._precondition(gradients, lam)
-        if self.kl_clip is not None:
-            gradients = apply_kl_clip(gradients, raw_gradients, self.get_lr(), self.kl_clip_tensor)
-        if self.apply_weight_decay:
-            gradients = self.hyper_map(F.partial(_apply_decay, self.weight_decay_tensor), self.decay_flags,
-                                       params, gradients)
-        if self.enable_clip_grad:
-            gradients = self.hyper_map(_clip_to_unit_norm, gradients)
-        lr = self.get_lr()
-        if self.use_nesterov:
-            success = self.hyper_map(F.partial(_nesterov_step, self.momentum, lr), gradients, params, self.moments)
+        if self.sequential_update:  # the same rules, one parameter at a time (ms_optim._thor.update)
+            update = (self.opt, self.momentum, self.get_lr(),
+                      self.weight_decay_tensor if self.apply_weight_decay else None)
+            success = self.hyper_map(F.partial(sequential_step, update, (self.precondition_kernel, lam,
+                                                                         self.batch_size_float),
+                                               self.matrix_g_inv, self.matrix_a_inv),
+                                     self.param_treatment, self.decay_flags, gradients, params, self.moments)
         else:
-            success = self.hyper_map(F.partial(_momentum_step, self.opt, self.momentum, lr), gradients, params,
-                                     self.moments)
+            success = self._staged_update(params, gradients, lam)
         success = F.depend(success, self.assignadd(self.global_step, self.global_step_increase_tensor))
         for i in range(self.num_layers):
             success = F.depend(success, ops.assign(self.thor_flags[i], next_flag))
