@@ -48,7 +48,7 @@ from ms_optim._thor.parallel import data_parallel_group_size
 
 __all__ = ["GroupedInversion", "CHUNK_BYTES", "chunk_members"]
 
-CHUNK_BYTES = 16 * 2 ** 20  # float32 blocks per chunk of a width's inversion (see the module docstring)
+CHUNK_BYTES = 16 * 2 ** 20  # bytes of float32 blocks per chunk of a width's inversion (see the module docstring)
 
 _read_blocks = C.MultitypeFuncGraph("thor_read_blocks")
 _store_blocks = C.MultitypeFuncGraph("thor_store_blocks")
