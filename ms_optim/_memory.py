@@ -12,10 +12,19 @@ pass, the inversions, the preconditioning), and its compilation is corresponding
 on CPU with ResNet-50, the compiler leaves about 0.5 GiB freed but resident, which the peak of every
 later step then carries.
 
+The first training steps do the same on a smaller scale: the host side of a step (the data pipeline's
+decoded batches, the runtime's launch bookkeeping, the fused kernels' scratch) frees what it allocated,
+while the memory pool behind the step's tensors is still growing in fresh mappings. Measured with
+MindSpore's model-zoo trainers (224x224 ResNet-50, batch 8; res2net-50 at 32x32), releasing before each
+of those steps as well lowered THOR's peak by 0.05 to 0.1 GiB with the same losses.
+
 What. :func:`release_freed_memory` asks glibc to return every free page of its heaps to the system
 (``malloc_trim(0)``; nothing that is in use moves or changes). :func:`release_after_compile` makes a
-training cell do that after its first compilation of each phase; ``ModelThor`` applies it to the
-training cell it builds. With a hand-written loop, compile first and release before the first step::
+training cell do that after its first compilation of each phase, and before any later call once the
+process's peak resident set (``getrusage``'s ``ru_maxrss``) has risen by :data:`REGROWTH_BYTES` since
+the last release: while the peak climbs over the first steps, and not at all once it has settled, so a
+step of milliseconds pays one ``getrusage`` call. ``ModelThor`` applies it to the training cell it
+builds. With a hand-written loop, compile first and release before the first step::
 
     train = nn.TrainOneStepCell(loss_net, opt)
     train.compile(x, y)
@@ -29,9 +38,24 @@ import ctypes
 import ctypes.util
 from typing import Optional
 
+try:
+    import resource
+except ImportError:  # Windows: no getrusage (and no malloc_trim either)
+    resource = None
+
 __all__ = ["release_freed_memory", "release_after_compile"]
 
 _TRIM = None  # the C function, once looked up; False when the C library has none
+
+#: Rise of the process's peak resident set since the last release that makes the next call release again.
+REGROWTH_BYTES = 32 << 20
+
+
+def _peak_rss_bytes() -> int:
+    """The process's peak resident set so far (``ru_maxrss``, KiB on Linux), 0 where it cannot be read."""
+    if resource is None:
+        return 0
+    return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024
 
 
 def _malloc_trim() -> Optional[object]:
@@ -63,23 +87,29 @@ def release_freed_memory() -> bool:
 
 
 def release_after_compile(cell):
-    """Make ``cell`` call :func:`release_freed_memory` after its first compilation of each phase.
+    """Make ``cell`` call :func:`release_freed_memory` after compiling and while its peak memory climbs.
 
     ``cell`` (an ``nn.Cell`` run in GRAPH_MODE, e.g. a ``TrainOneStepCell``) compiles on its first
-    call; MindSpore calls ``cell.compile`` again on every call and finds the graph cached, so the
-    release runs once per phase (``"train"``, ``"eval"``, ...), not every step. Returns ``cell``.
+    call; MindSpore calls ``cell.compile`` again on every call and finds the graph cached. The wrapped
+    ``compile`` releases after the first compilation of each phase (``"train"``, ``"eval"``, ...), and
+    on a later call when the process's peak resident set has risen by at least :data:`REGROWTH_BYTES`
+    since the last release (see the module docstring). Returns ``cell``; wrapping it twice changes
+    nothing.
     """
     if getattr(cell, "_ms_optim_releases", None) is not None:
         return cell
     compile_graph = cell.compile
     released = set()
+    last_peak = [0]  # the peak resident set at the last release
 
     def compile_then_release(*args, **kwargs):
         result = compile_graph(*args, **kwargs)
         phase = getattr(cell, "phase", None)
-        if phase not in released:
+        peak = _peak_rss_bytes()
+        if phase not in released or peak - last_peak[0] >= REGROWTH_BYTES:
             released.add(phase)
             release_freed_memory()
+            last_peak[0] = peak
         return result
 
     object.__setattr__(cell, "compile", compile_then_release)

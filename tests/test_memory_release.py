@@ -67,6 +67,7 @@ def test_wrapped_cell_releases_once_per_phase_and_computes_the_same(monkeypatch)
     ms.set_context(mode=ms.GRAPH_MODE)
     calls = []
     monkeypatch.setattr(_memory, "release_freed_memory", lambda: calls.append(1) or True)
+    monkeypatch.setattr(_memory, "_peak_rss_bytes", lambda: 1 << 30)  # a peak that does not move
     x = Tensor(np.arange(6, dtype=np.float32).reshape(2, 3))
     want = np.arange(6, dtype=np.float64).reshape(2, 3).sum(axis=1, keepdims=True) * 2.0 * np.ones((1, 2))
     cell = _memory.release_after_compile(_Affine())
@@ -80,10 +81,39 @@ def test_wrapped_cell_releases_once_per_phase_and_computes_the_same(monkeypatch)
     ms.set_context(mode=ms.PYNATIVE_MODE)
 
 
+def test_wrapped_cell_releases_again_while_the_peak_climbs(monkeypatch):
+    ms.set_context(mode=ms.GRAPH_MODE)
+    calls = []
+    monkeypatch.setattr(_memory, "release_freed_memory", lambda: calls.append(1) or True)
+    step = _memory.REGROWTH_BYTES
+    # the peak before each call's release check: compiled, then two climbs (one short of the threshold),
+    # then settled
+    peaks = iter([10 * step, 10 * step + step // 2, 11 * step, 11 * step, 13 * step, 13 * step, 13 * step])
+    monkeypatch.setattr(_memory, "_peak_rss_bytes", lambda: next(peaks))
+    x = Tensor(np.ones((2, 3), np.float32))
+    cell = _memory.release_after_compile(_Affine())
+    released_after = []
+    for _ in range(7):
+        np.testing.assert_allclose(cell(x).asnumpy(), np.full((2, 2), 6.0), rtol=1e-6)
+        released_after.append(len(calls))
+    # call 1: compiled; call 3: 1 threshold above call 1's peak; call 5: 2 above call 3's; never again
+    assert released_after == [1, 1, 2, 2, 3, 3, 3]
+    ms.set_context(mode=ms.PYNATIVE_MODE)
+
+
+def test_peak_rss_is_read_in_bytes():
+    peak = _memory._peak_rss_bytes()
+    if _memory.resource is None:
+        assert peak == 0
+    else:  # this process has loaded MindSpore: far above 64 MiB, far below 1 TiB
+        assert 64 << 20 < peak < 1 << 40
+
+
 def test_model_thor_releases_after_compiling_in_both_loops(monkeypatch):
     ms.set_context(mode=ms.GRAPH_MODE)
     calls = []
     monkeypatch.setattr(_memory, "release_freed_memory", lambda: calls.append(1) or True)
+    monkeypatch.setattr(_memory, "_peak_rss_bytes", lambda: 1 << 30)  # a peak that does not move
     x, y = _data()
     for sink in (True, False):
         calls.clear()
