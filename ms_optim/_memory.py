@@ -52,7 +52,8 @@ REGROWTH_BYTES = 32 << 20
 
 
 def _peak_rss_bytes() -> int:
-    """The process's peak resident set so far (``ru_maxrss``, KiB on Linux), 0 where it cannot be read."""
+    """The process's peak resident set so far (``ru_maxrss``, KiB on Linux; only compared with itself, so
+    macOS's bytes do no harm there, where there is nothing to release), 0 where it cannot be read."""
     if resource is None:
         return 0
     return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024

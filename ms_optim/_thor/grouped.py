@@ -13,7 +13,7 @@ only after chunk ``i`` has stored its inverses. A chunk's temporaries (the conca
 blocks, their inverse, the residual check, the selection) take several times its blocks' size; the
 damping and the residual's ``- I`` change the diagonals only (``MatrixDiagPart``/``MatrixSetDiag``),
 so no identity or damping term of the blocks' size is formed (THOR step's peak: ResNet-50 at 32x32
-1.58 -> 1.54 GiB, res2net-50 2.09 -> 2.05 GiB, same numbers). Before the chunks, one
+1.58 -> 1.54 GiB; res2net-50, batch 4, after its steps 2094 -> 2048 MiB; same numbers). Before the chunks, one
 concatenation of every block of a width made that the THOR step's peak, growing with the net's depth
 (about 0.4 GiB at ResNet-101 at 32x32). ``MatrixInverse`` inverts each block on its own, so chunking
 changes no number. The per-factor work that is left
