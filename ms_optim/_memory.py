@@ -101,16 +101,17 @@ def release_after_compile(cell):
         return cell
     compile_graph = cell.compile
     released = set()
-    last_peak = [0]  # the peak resident set at the last release
+    last_peak = 0  # the peak resident set at the last release
 
     def compile_then_release(*args, **kwargs):
+        nonlocal last_peak
         result = compile_graph(*args, **kwargs)
         phase = getattr(cell, "phase", None)
         peak = _peak_rss_bytes()
-        if phase not in released or peak - last_peak[0] >= REGROWTH_BYTES:
+        if phase not in released or peak - last_peak >= REGROWTH_BYTES:
             released.add(phase)
             release_freed_memory()
-            last_peak[0] = peak
+            last_peak = peak
         return result
 
     object.__setattr__(cell, "compile", compile_then_release)

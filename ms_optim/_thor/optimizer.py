@@ -333,16 +333,16 @@ class ThorOptimizer(Optimizer):
     def _staged_update(self, params, gradients, lam):
         """Precondition every gradient, then the rules that read all of them (KL clip, unit-norm clip), decay and
         the momentum (or Nesterov) steps."""
+        lr = self.get_lr()
         raw_gradients = gradients
         gradients = self._precondition(gradients, lam)
         if self.kl_clip is not None:
-            gradients = apply_kl_clip(gradients, raw_gradients, self.get_lr(), self.kl_clip_tensor)
+            gradients = apply_kl_clip(gradients, raw_gradients, lr, self.kl_clip_tensor)
         if self.apply_weight_decay:
             gradients = self.hyper_map(F.partial(apply_decay, self.weight_decay_tensor), self.decay_flags,
                                        params, gradients)
         if self.enable_clip_grad:
             gradients = self.hyper_map(clip_to_unit_norm, gradients)
-        lr = self.get_lr()
         if self.use_nesterov:
             return self.hyper_map(F.partial(nesterov_step, self.momentum, lr), gradients, params, self.moments)
         return self.hyper_map(F.partial(momentum_step, self.opt, self.momentum, lr), gradients, params, self.moments)

@@ -152,15 +152,15 @@ def invert_blocks(blocks):
     return ops.MatrixInverse()(blocks)
 
 
-def accept_inverse(blocks, inverse, eye, per_block: bool = False):
+def accept_inverse(blocks, inverse, eye):
     """Scalar bool: every block and inverse finite and ``max |blocks @ inverse - I| <= INVERSE_TOLERANCE``
-    (``per_block``: the same for each of the ``(k, bs, bs)`` blocks, a ``(k,)`` bool vector).
+    (the batched inversion of ``grouped.py`` decides per block with :func:`residual_accepted` itself).
 
     Finiteness is read from the residual ``R = |blocks @ inverse - I|`` alone: a NaN or infinite entry
     in either factor makes some entry of the product NaN or infinite (``inf * 0`` is NaN), so
     ``sum(R)`` is finite exactly when both are (three kernels fewer per factor than checking each).
     """
-    return residual_accepted(ops.abs(ops.bmm(blocks, inverse) - eye), (1, 2) if per_block else ())
+    return residual_accepted(ops.abs(ops.bmm(blocks, inverse) - eye))
 
 
 def residual_accepted(residual, axis=()):
