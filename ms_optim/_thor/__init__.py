@@ -40,9 +40,10 @@ layers in ``ms_optim.nn`` and ``ms_optim.train_thor``). How the modules fit:
     mean-all-reduced (``"kfc"`` averages the factors instead, ``parallel.py``).
 
 ``grouped.py`` -- ``GroupedInversion``: a THOR step's damped inversions when every layer is inverted
-    (no trace rule, no inverse sharing): the factors' diagonal blocks of one width, of every layer, as
-    batched inversions of chunks of whole factors (``CHUNK_BYTES``, one chunk after the other), so the
-    compiled graph holds no branch per layer and the step's temporaries do not grow with depth.
+    (no trace rule, no inverse sharing): on CPU one fused op per factor (damp, invert in double, check,
+    store: ``MsOptimBlockInverse``); elsewhere the factors' diagonal blocks of one width, of every layer, as
+    batched inversions of chunks of whole factors (``CHUNK_BYTES``, one chunk after the other). Either way
+    the compiled graph holds no branch per layer and the step's temporaries do not grow with depth.
 
 ``trace.py`` -- THOR's trace rule (``trace_thresholds``): per layer, from the change of the trace of
     its FIM block since its last inversion, whether a THOR step re-inverts it; its state Parameters.

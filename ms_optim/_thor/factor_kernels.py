@@ -1,4 +1,4 @@
-"""THOR's factors on CPU as one op per factor: the fused kernels of ``ms_optim/optim/_fused.cc``.
+"""THOR's factors on CPU as one op per factor: the fused kernels of ``ms_optim/optim/_thor_fused.cc``.
 
 Written with ``mindspore.ops``, a layer's factor is a dozen graph nodes (im2col, padding, reshapes, a
 batched product, a sum, a scale, the store-if-finite check, the store), and every THOR layer's tap holds
@@ -22,7 +22,10 @@ finite (the previous one is kept, as the composite tap does) and returns ``[1.0]
 the block layout (``factors.conv_output_geometry``, ``factors.factor_blocks``). float16 inputs (amp)
 are read as they are, and the sums are float32 as in the composite tap. A fourth op,
 ``MsOptimBlockPrecondition(g, g_inv, a_inv)``, is a Dense or conv gradient's ``G^-1 g A^-1`` with the
-stored block inverses (``preconditioner.precondition_parameter``).
+stored block inverses (``preconditioner.precondition_parameter``), and a fifth,
+``MsOptimBlockInverse(inverse, factor, lam, scale, plan)``, a factor's damped, checked inversion, written in
+place (``grouped.py``); ``MsOptimBlockInverseOut(factor, lam, scale, plan) -> (inverse, ok)`` is the same
+as a pure op for the layer-by-layer inversion (``slot.py``).
 
 The products are oneDNN's ``dnnl_sgemm`` from MindSpore's own ``lib/libdnnl.so.3`` (the library
 MindSpore's CPU kernels use), bound once per process through ``MsOptimSetSgemm``. The kernels are used
@@ -64,13 +67,22 @@ class _FactorCustom(_fused._InplaceCustom):  # pylint: disable=protected-access
     __mindspore_signature__ = _fused._signature(4, 1)  # pylint: disable=protected-access
 
 
+class _InverseCustom(_fused._InplaceCustom):  # pylint: disable=protected-access
+    """``(inverse, factor, lam, scale, plan) -> written[1]``, writing ``inverse`` in place."""
+
+    __mindspore_signature__ = _fused._signature(5, 1)  # pylint: disable=protected-access
+
+
 def _ops(path: str) -> Tuple[ops.Custom, ...]:
-    """The ops of the library at ``path``: ``(patch_gram, row_gram, id_counts, precondition)``."""
+    """The ops of the library at ``path``: ``(patch_gram, row_gram, id_counts, precondition, block_inverse,
+    block_inverse_out)``."""
     factor_ops = tuple(_FactorCustom(f"{path}:{name}") for name in ("MsOptimPatchGram", "MsOptimRowGram",
                                                                      "MsOptimIdCounts"))
     precondition = ops.Custom(f"{path}:MsOptimBlockPrecondition", out_shape=lambda grad, g_inv, a_inv: grad,
                               out_dtype=lambda grad, g_inv, a_inv: ms.float32, func_type="aot")
-    return factor_ops + (precondition,)
+    inverse_out = ops.Custom(f"{path}:MsOptimBlockInverseOut", out_shape=lambda factor, lam, scale, plan: [factor, [1]],
+                             out_dtype=lambda *dtypes: [ms.float32, ms.float32], func_type="aot")
+    return factor_ops + (precondition, _InverseCustom(f"{path}:MsOptimBlockInverse"), inverse_out)
 
 
 def _onednn_sgemm() -> int:
@@ -100,8 +112,8 @@ def _load() -> Optional[tuple]:
 
 
 def factor_kernels() -> Optional[tuple]:
-    """``(patch_gram, row_gram, id_counts, precondition)`` when the fused switch is on and the ops can be had, else None
-    (the taps then use the composite ops)."""
+    """``(patch_gram, row_gram, id_counts, precondition, block_inverse, block_inverse_out)`` when the fused
+    switch is on and the ops can be had, else None (the taps and the inversion then use the composite ops)."""
     if not _fused.fused_switch_on():
         return None
     with _lock:

@@ -22,7 +22,8 @@ Algorithm (one call of the optimizer is one step ``t``, its ``global_step``; ``f
         Ginv_l <- blockdiag_k (G_l,k + lam I)^-1              # or the whole matrix (inverse="full")
         (gpu/ascend: MindSpore's special inverses, e.g. Ascend's max-abs scale: ms_optim._thor.device_rules)
         (embedding: Ainv_l <- 1 / (a_l + lam), a_l the diagonal of A)
-        (all layers: batched inversions per block width, in chunks, ms_optim._thor.grouped; same numbers)
+        (all layers: ms_optim._thor.grouped: one fused op per factor on CPU, inverting in double precision;
+         elsewhere batched inversions per block width, in chunks, the same numbers as per layer)
         (with trace_thresholds: only the layers the trace rule of ms_optim._thor.trace selects)
     (other steps reuse the stored Ainv, Ginv: no factor work at all)
     Dense/Conv2d weight:   g <- Ginv g Ainv                   (conv weight as out x (in*kh*kw))
@@ -159,12 +160,13 @@ class ThorOptimizer(Optimizer):
         self.sharing = InverseSharing(self.slots, self.split_indices, distribute_inverses)  # see _thor.sharing
         self.averaging = InverseAveraging(self.num_layers, self.split_indices, factor_convention)  # _thor.averaging
         self.trace = None if trace_thresholds is None else TraceSchedule(self.num_layers, trace_thresholds)
-        # all layers inverted alike: batched inversions per block width, in chunks (_thor.grouped); else per layer
+        # all layers inverted alike: one fused op per factor (CPU) or batched per block width (_thor.grouped)
         self.batched = (self.trace is None and not self.sharing.counts and not self.averaging.is_distributed
                         and all(slot.g_rule == INVERSE and not slot.max_scale for slot in self.slots))
         self.grouped = GroupedInversion(self.slots, self.matrix_a_cov, self.matrix_g_cov) if self.batched else None
+        kernels = factor_kernels()
         for slot in () if self.batched else self.slots:
-            slot.attach_inversion_constants()
+            slot.attach_inversion_constants(None if kernels is None else kernels[5])
         self.factor_loss_scale = Parameter(Tensor(loss_scale, mstype.float32), name="factor_loss_scale",
                                            requires_grad=False)
         self.frequency_tensor = Tensor([self.frequency], mstype.int32)

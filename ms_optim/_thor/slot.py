@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from typing import Optional
 
+import mindspore.common.dtype as mstype
 import numpy as np
 from mindspore import Parameter, Tensor, nn, ops
 
@@ -60,16 +61,38 @@ class LayerSlot(nn.Cell):
                              f"{tuple(layer.matrix_g_cov.shape)}, but the optimizer inverts blocks of {block_size}: "
                              f"call layer.set_factor_block_size({block_size}) (thor() does).")
 
-    def attach_inversion_constants(self) -> None:
-        """Give the slot the identity blocks and pad masks :func:`invert_layer` adds (the optimizer calls this
-        when it inverts layer by layer; the batched inversion needs none)."""
-        self.g_eye = self.g_layout.eye
-        self.g_pad_eye = self.g_layout.pad_eye
-        if self.is_embedding:
-            self.a_eye = self.a_pad_eye = Tensor(np.zeros((1,), np.float32))  # unused
-        else:
+    def attach_inversion_constants(self, kernel: Optional[object] = None) -> None:
+        """Give the slot what :func:`invert_layer` needs (the optimizer calls this when it inverts layer by
+        layer; the batched inversion needs none): with the fused CPU ``kernel`` (``MsOptimBlockInverseOut``)
+        its plans, else the identity blocks and pad masks the composite inversion adds (a G under a special
+        rule of ``device_rules`` always takes the composite path)."""
+        self.inverse_kernel = () if kernel is None else (kernel,)
+        unused = Tensor(np.zeros((1,), np.float32))
+        self.one = Tensor(1.0, mstype.float32)
+        self.a_plan = self.g_plan = unused
+        composite_g = kernel is None or self.g_rule != rules.INVERSE
+        self.g_eye = self.g_layout.eye if composite_g else unused
+        self.g_pad_eye = self.g_layout.pad_eye if composite_g else unused
+        if not composite_g:
+            self.g_plan = _plan(self.g_layout)
+        self.a_eye = self.a_pad_eye = unused
+        if not self.is_embedding and kernel is None:
             self.a_eye = self.a_layout.eye
             self.a_pad_eye = self.a_layout.pad_eye
+        elif not self.is_embedding:
+            self.a_plan = _plan(self.a_layout)
+
+
+def _plan(layout: pc.BlockLayout) -> Tensor:
+    """The fused inversion's plan of a factor: ``(nblocks, pad, INVERSE_TOLERANCE)`` as float64."""
+    return Tensor(np.array([layout.nblocks, layout.pad, pc.INVERSE_TOLERANCE], np.float64))
+
+
+def _fused_inverse(slot: LayerSlot, factor, lam, plan, geom):
+    """``(inverse, ok)`` of one factor by the fused CPU op (the same numbers as ``_thor.grouped``'s)."""
+    blocks = ops.reshape(ops.cast(factor, mstype.float32), (geom[1], geom[2], geom[2]))
+    inverse, ok = slot.inverse_kernel[0](blocks, lam, slot.one, plan)
+    return inverse, ops.reshape(ok, ()) > 0.5
 
 
 def layer_inverses(slot: LayerSlot, a_factor, g_factor, lam):
@@ -80,12 +103,17 @@ def layer_inverses(slot: LayerSlot, a_factor, g_factor, lam):
     if slot.is_embedding:
         new_a = pc.damped_diagonal_inverse(a_factor, lam)
         ok_a = ops.all(ops.isfinite(new_a))
+    elif slot.inverse_kernel:
+        new_a, ok_a = _fused_inverse(slot, a_factor, lam, slot.a_plan, slot.a_geom)
     else:
         geom = slot.a_geom
         blocks = pc.damped_blocks(a_factor, lam, geom[0], geom[1], geom[2], slot.a_eye, slot.a_pad_eye)
         new_a = pc.invert_blocks(blocks)
         ok_a = pc.accept_inverse(blocks, new_a, slot.a_eye)
     geom = slot.g_geom
+    if slot.inverse_kernel and slot.g_rule == rules.INVERSE:
+        new_g, ok_g = _fused_inverse(slot, g_factor, lam, slot.g_plan, geom)
+        return new_a, ok_a, new_g, ok_g
     blocks = pc.damped_blocks(g_factor, lam, geom[0], geom[1], geom[2], slot.g_eye, slot.g_pad_eye)
     if slot.g_rule == rules.INVERSE:
         new_g = pc.invert_blocks(blocks)

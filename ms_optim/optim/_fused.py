@@ -13,11 +13,12 @@ two kernels here do the same arithmetic in the fewest passes the math allows:
   ``accum = momentum*accum + c*(g + wd*w)`` and the momentum step, Nesterov as MindSpore's CPU
   ``ApplyMomentum`` runs it (7 passes).
 
-The same library holds THOR's fused factor and preconditioning kernels (``ms_optim/_thor/factor_kernels.py``).
+The same library holds THOR's fused factor, preconditioning and inversion kernels
+(``ms_optim/_thor/factor_kernels.py``), from ``_thor_fused.cc``.
 
 Both are ``ops.Custom`` operators of type ``"aot"``: C++ in ``_fused.cc`` (package data, next to
-this module), compiled with the machine's ``g++`` at first use into a cache directory (see
-:func:`library_path` for its safety rules), keyed by a hash of the source and flags, so later
+this module, with ``_thor_fused.cc``), compiled with the machine's ``g++`` at first use into a cache directory (see
+:func:`library_path` for its safety rules), keyed by a hash of the sources and flags, so later
 processes load it without compiling. They update
 ``w``/``m``/``v``/``accum`` in place (declared as written inputs, like ``Assign``), and return the
 trust ratio they used. Norms are accumulated in double precision.
@@ -47,9 +48,11 @@ from mindspore import ops
 from mindspore.ops import signature as sig
 
 __all__ = ["fused_switch_on", "fused_enabled", "library_path", "lamb_op", "lars_momentum_op", "FusedKernelWarning",
-           "SOURCE_FILE"]
+           "SOURCE_FILES"]
 
-SOURCE_FILE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_fused.cc")
+#: The C++ sources, compiled together into one library.
+SOURCE_FILES = tuple(os.path.join(os.path.dirname(os.path.abspath(__file__)), name)
+                     for name in ("_fused.cc", "_thor_fused.cc"))
 
 # Reassociation lets g++ vectorise the blocked float sums; no approximate division or sqrt.
 _FLAGS = ["-O3", "-std=c++17", "-shared", "-fPIC", "-fno-math-errno", "-fno-trapping-math",
@@ -134,15 +137,17 @@ def _write_atomic(path: str, data: bytes) -> None:
         raise
 
 
-def _build(compiler: str, source: str, target: str) -> Optional[str]:
-    """Compile ``source`` into ``target`` atomically, its digest first; returns an error text or None."""
+def _build(compiler: str, sources: List[str], target: str) -> Optional[str]:
+    """Compile the ``sources`` (texts) into ``target`` atomically, its digest first; returns an error text or None."""
     directory = os.path.dirname(target)
     with tempfile.TemporaryDirectory(dir=directory) as tmp:
-        with open(os.path.join(tmp, "fused.cc"), "w", encoding="utf-8") as handle:
-            handle.write(source)
+        names = [f"fused{i}.cc" for i in range(len(sources))]
+        for name, source in zip(names, sources):
+            with open(os.path.join(tmp, name), "w", encoding="utf-8") as handle:
+                handle.write(source)
         # run in tmp with relative names: the output does not depend on the temporary path
-        result = subprocess.run([compiler, *_FLAGS, "-o", "fused.so", "fused.cc"], cwd=tmp, capture_output=True,
-                                text=True, timeout=120, check=False)
+        result = subprocess.run([compiler, *_FLAGS, "-o", "fused.so", *names], cwd=tmp, capture_output=True,
+                                text=True, timeout=180, check=False)
         if result.returncode != 0:
             return "g++ failed: " + " ".join(result.stderr.split())[-300:]
         built = os.path.join(tmp, "fused.so")
@@ -178,13 +183,15 @@ def library_path() -> Optional[str]:
         if compiler is None:
             _fallback("g++ not found on PATH")
             return None
-        try:
-            with open(SOURCE_FILE, encoding="utf-8") as handle:
-                source = handle.read()
-        except OSError as error:
-            _fallback(f"cannot read {SOURCE_FILE}: {error.strerror}")
-            return None
-        key = hashlib.sha256("\0".join([_LAYOUT, source, *_FLAGS]).encode()).hexdigest()[:16]
+        sources = []
+        for path in SOURCE_FILES:
+            try:
+                with open(path, encoding="utf-8") as handle:
+                    sources.append(handle.read())
+            except OSError as error:
+                _fallback(f"cannot read {path}: {error.strerror}")
+                return None
+        key = hashlib.sha256("\0".join([_LAYOUT, *sources, *_FLAGS]).encode()).hexdigest()[:16]
         directory = _cache_dir()
         try:
             os.makedirs(directory, mode=0o700, exist_ok=True)
@@ -200,7 +207,7 @@ def library_path() -> Optional[str]:
                     _library = target
                     return _library
                 _warn(f"ms_optim: cached kernel library {target} not loaded ({damage}); rebuilding it.")
-            error = _build(compiler, source, target)
+            error = _build(compiler, sources, target)
         except (OSError, subprocess.SubprocessError) as exc:
             error = f"could not build in {directory}: {exc}"
         if error is not None:
