@@ -5,15 +5,13 @@ every geometry the layers allow (strides, dilations, "same" with asymmetric padd
 4-tuple padding, strided 1x1 kernels, non-square kernels), whole factors and diagonal blocks with a
 zero-padded last block, patch panels cut into sample chunks, float16 inputs, Dense row grams, Embedding
 id counts with out-of-range ids; a False flag and a non-finite result leave the factor untouched.
-The layers' own factor tests (``test_thor_layers.py``) run both the fused and the composite taps. The
-preconditioning op and the fused sequential update (``MsOptimThorMomentum``: preconditioning, decay and
-``ApplyMomentum`` in one op, bit for bit the three) are checked against the float64 formula too.
+The layers' own factor tests (``test_thor_layers.py``) run both the fused and the composite taps.
 """
 from __future__ import annotations
 
 import numpy as np
 import pytest
-from mindspore import Parameter, Tensor, nn, ops
+from mindspore import Parameter, Tensor, nn
 from reference.thor_factors import conv_factors, dense_factors, embedding_factors, stored_form
 
 from ms_optim._thor import factor_kernels as fk
@@ -176,40 +174,3 @@ def test_precondition_is_g_inverse_grad_a_inverse(mode, rng, kernels, rows, cols
     composite = precondition_matrix(Tensor(grad), Tensor(g_inv), Tensor(a_inv), (rows, *g_inv.shape[:2]),
                                     (cols, *a_inv.shape[:2])).asnumpy()
     _close(got, composite)
-
-
-class _ThorMomentum(nn.Cell):
-    def __init__(self, op, weight, moment):
-        super().__init__()
-        self.op, self.weight, self.moment = op, weight, moment
-
-    def construct(self, grad, g_inv, a_inv, lr, momentum, decay):
-        return self.op(self.weight, self.moment, grad, g_inv, a_inv, lr, momentum, decay)
-
-
-@pytest.mark.parametrize("decay", [0.0, 1e-3])
-def test_thor_momentum_is_precondition_decay_and_apply_momentum(mode, rng, kernels, decay):
-    """``MsOptimThorMomentum`` on a conv weight (8, 3, 3, 3): against the float64 formula, and bit for bit the
-    three ops it replaces (``MsOptimBlockPrecondition``, ``g + decay * w``, MindSpore's ``ApplyMomentum``)."""
-    shape, cols = (8, 3, 3, 3), 27
-    grad = rng.standard_normal(shape).astype(np.float32)
-    g_inv, a_inv = _blocks(rng, 8, 5), _blocks(rng, cols, 16)
-    w0, m0 = rng.standard_normal(shape).astype(np.float32), rng.standard_normal(shape).astype(np.float32)
-    lr, momentum = np.float32(0.05), np.float32(0.9)
-    weight, moment = Parameter(Tensor(w0), name="w"), Parameter(Tensor(m0), name="m")
-    written = _ThorMomentum(kernels[6], weight, moment)(Tensor(grad), Tensor(g_inv), Tensor(a_inv), Tensor(lr),
-                                                        Tensor(momentum), Tensor(np.float32(decay)))
-    assert float(written.asnumpy()[0]) == 1.0
-    update = (_block_diagonal(g_inv, 8) @ grad.reshape(8, cols).astype(np.float64) @ _block_diagonal(a_inv, cols))
-    update = update.reshape(shape) + np.float32(decay) * w0.astype(np.float64)
-    want_m = m0 * np.float64(momentum) + update
-    _close(moment.asnumpy(), want_m)
-    _close(weight.asnumpy(), w0 - np.float64(lr) * want_m)
-    pre = _Precondition(kernels[3])(Tensor(grad.reshape(8, cols)), Tensor(g_inv), Tensor(a_inv)).asnumpy()
-    pre = pre.reshape(shape)
-    if decay:
-        pre = (Tensor(pre) + Tensor(np.float32(decay)) * Tensor(w0)).asnumpy()
-    three_w, three_m = Parameter(Tensor(w0), name="w3"), Parameter(Tensor(m0), name="m3")
-    ops.ApplyMomentum()(three_w, three_m, Tensor(lr), Tensor(pre), Tensor(momentum))
-    np.testing.assert_array_equal(moment.asnumpy(), three_m.asnumpy())
-    np.testing.assert_array_equal(weight.asnumpy(), three_w.asnumpy())

@@ -25,9 +25,7 @@ are read as they are, and the sums are float32 as in the composite tap. A fourth
 stored block inverses (``preconditioner.precondition_parameter``), and a fifth,
 ``MsOptimBlockInverse(inverse, factor, lam, scale, plan)``, a factor's damped, checked inversion, written in
 place (``grouped.py``); ``MsOptimBlockInverseOut(factor, lam, scale, plan) -> (inverse, ok)`` is the same
-as a pure op for the layer-by-layer inversion (``slot.py``); ``MsOptimThorMomentum(weight, moment, grad, g_inv,
-a_inv, lr, momentum, weight_decay)`` is a Dense or conv weight's whole sequential update (``update.py``):
-preconditioning, decay and momentum step, written in place.
+as a pure op for the layer-by-layer inversion (``slot.py``).
 
 The products are oneDNN's ``dnnl_sgemm`` from MindSpore's own ``lib/libdnnl.so.3`` (the library
 MindSpore's CPU kernels use), bound once per process through ``MsOptimSetSgemm``. The kernels are used
@@ -69,13 +67,6 @@ class _FactorCustom(_fused._InplaceCustom):  # pylint: disable=protected-access
     __mindspore_signature__ = _fused._signature(4, 1)  # pylint: disable=protected-access
 
 
-class _MomentumCustom(_fused._InplaceCustom):  # pylint: disable=protected-access
-    """``(weight, moment, grad, g_inv, a_inv, lr, momentum, weight_decay) -> written[1]``, writing ``weight`` and
-    ``moment`` in place."""
-
-    __mindspore_signature__ = _fused._signature(8, 2)  # pylint: disable=protected-access
-
-
 class _InverseCustom(_fused._InplaceCustom):  # pylint: disable=protected-access
     """``(inverse, factor, lam, scale, plan) -> written[1]``, writing ``inverse`` in place."""
 
@@ -84,15 +75,14 @@ class _InverseCustom(_fused._InplaceCustom):  # pylint: disable=protected-access
 
 def _ops(path: str) -> Tuple[ops.Custom, ...]:
     """The ops of the library at ``path``: ``(patch_gram, row_gram, id_counts, precondition, block_inverse,
-    block_inverse_out, thor_momentum)``."""
+    block_inverse_out)``."""
     factor_ops = tuple(_FactorCustom(f"{path}:{name}") for name in ("MsOptimPatchGram", "MsOptimRowGram",
                                                                      "MsOptimIdCounts"))
     precondition = ops.Custom(f"{path}:MsOptimBlockPrecondition", out_shape=lambda grad, g_inv, a_inv: grad,
                               out_dtype=lambda grad, g_inv, a_inv: ms.float32, func_type="aot")
     inverse_out = ops.Custom(f"{path}:MsOptimBlockInverseOut", out_shape=lambda factor, lam, scale, plan: [factor, [1]],
                              out_dtype=lambda *dtypes: [ms.float32, ms.float32], func_type="aot")
-    return factor_ops + (precondition, _InverseCustom(f"{path}:MsOptimBlockInverse"), inverse_out,
-                         _MomentumCustom(f"{path}:MsOptimThorMomentum"))
+    return factor_ops + (precondition, _InverseCustom(f"{path}:MsOptimBlockInverse"), inverse_out)
 
 
 def _onednn_sgemm() -> int:
@@ -122,8 +112,8 @@ def _load() -> Optional[tuple]:
 
 
 def factor_kernels() -> Optional[tuple]:
-    """``(patch_gram, row_gram, id_counts, precondition, block_inverse, block_inverse_out, thor_momentum)`` when
-    the fused switch is on and the ops can be had, else None (the taps and the inversion then use the composite ops)."""
+    """``(patch_gram, row_gram, id_counts, precondition, block_inverse, block_inverse_out)`` when the fused
+    switch is on and the ops can be had, else None (the taps and the inversion then use the composite ops)."""
     if not _fused.fused_switch_on():
         return None
     with _lock:

@@ -212,8 +212,7 @@ class ThorOptimizer(Optimizer):
                                      for kind, owner in zip(kinds, owners))
         self.batch_size_float = float(self.batch_size)
         kernels = factor_kernels()
-        # (precondition, thor_momentum, no decay): the fused CPU ops of ms_optim._thor.factor_kernels, else ()
-        self.precondition_kernel = () if kernels is None else (kernels[3], kernels[6], Tensor(0.0, mstype.float32))
+        self.precondition_kernel = () if kernels is None else (kernels[3],)
         # one parameter after the other (precondition, decay, momentum) unless a rule needs all gradients at once
         self.sequential_update = self.kl_clip is None and not self.enable_clip_grad and not self.use_nesterov
 

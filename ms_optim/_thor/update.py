@@ -72,21 +72,11 @@ def _sequential_step_tensor(update, precondition, g_inverses, a_inverses, treatm
     """One parameter: ``pc.precondition_parameter``, :data:`apply_decay`, :data:`momentum_step`.
 
     ``update = (opt, momentum, learning_rate, weight_decay or None)``; ``precondition = (kernel, lam,
-    batch_size)`` (``precondition_parameter``'s leading arguments). With the fused CPU ops (``kernel =
-    (precondition, thor_momentum, 0.0)``) a float32 Dense or conv weight is updated by ``thor_momentum``
-    alone: the same three rules in one op (``factor_kernels``), with a weight decay of 0 where none applies.
-    The gradient is read after this parameter's moment, whose read is ordered after the previous
-    parameter's momentum step (the steps are side effects, run in parameter order), so one preconditioned
-    gradient is alive at a time.
+    batch_size)`` (``precondition_parameter``'s leading arguments). The gradient is read after this
+    parameter's moment, whose read is ordered after the previous parameter's momentum step (the steps
+    are side effects, run in parameter order), so one preconditioned gradient is alive at a time.
     """
     gradient = F.depend(gradient, moment)
-    kernel = precondition[0]
-    float32 = F.dtype(gradient) == F.dtype(weight) == F.dtype(moment) == mstype.float32
-    if len(kernel) > 1 and treatment[0] == pc.MATRIX and float32:
-        decay_rate = update[3] if update[3] is not None and decay else kernel[2]
-        layer = treatment[1]
-        return F.depend(True, kernel[1](weight, moment, gradient, g_inverses[layer], a_inverses[layer], update[2],
-                                        update[1], decay_rate))
     gradient = pc.precondition_parameter(precondition[0], precondition[1], precondition[2], g_inverses, a_inverses,
                                          treatment, gradient)
     if update[3] is not None:

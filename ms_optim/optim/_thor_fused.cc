@@ -172,12 +172,17 @@ extern "C" int MsOptimIdCounts(int nparam, void **params, int *ndims, int64_t **
 // THOR's preconditioned gradient G^-1 g A^-1 of a Dense or conv weight gradient g (out, k) float32, with the
 // inverses stored as diagonal blocks g_inv (ng, bg, bg) and a_inv (na, ba, ba) (the last block's padding is
 // not read: the padded rows and columns of g would be zero); output (out, k) float32.
-namespace {
-
-// G^-1 g A^-1 of a (rows, cols) float32 gradient g with the block inverses g_inv (ng, bg, bg) and a_inv
-// (na, ba, ba), into out (rows, cols).
-void Precondition(const float *g, int64_t rows, int64_t cols, const float *g_inv, int64_t ng, int64_t bg,
-                  const float *a_inv, int64_t na, int64_t ba, float *out) {
+extern "C" int MsOptimBlockPrecondition(int nparam, void **params, int *ndims, int64_t **shapes,
+                                        const char **dtypes, void * /*stream*/, void * /*extra*/) {
+  if (nparam != 4 || ndims[0] != 2 || ndims[1] != 3 || ndims[2] != 3 || g_sgemm == nullptr) return 1;
+  if (!Is(dtypes[0], "float32") || !Is(dtypes[1], "float32") || !Is(dtypes[2], "float32")) return 1;
+  const int64_t rows = shapes[0][0], cols = shapes[0][1];
+  const int64_t ng = shapes[1][0], bg = shapes[1][1], na = shapes[2][0], ba = shapes[2][1];
+  if (ng * bg < rows || na * ba < cols) return 1;
+  const float *g = static_cast<const float *>(params[0]);
+  const float *g_inv = static_cast<const float *>(params[1]);
+  const float *a_inv = static_cast<const float *>(params[2]);
+  float *out = static_cast<float *>(params[3]);
   std::unique_ptr<float[]> left(new float[rows * cols]);  // written whole by the first products
   for (int64_t i = 0; i < ng && i * bg < rows; ++i) {
     const int64_t r0 = i * bg, w = std::min(bg, rows - r0);
@@ -188,49 +193,6 @@ void Precondition(const float *g, int64_t rows, int64_t cols, const float *g_inv
     const int64_t c0 = j * ba, w = std::min(ba, cols - c0);
     g_sgemm('N', 'N', rows, w, w, 1.0f, left.get() + c0, cols, a_inv + j * ba * ba, ba, 0.0f, out + c0, cols);
   }
-}
-
-}  // namespace
-
-extern "C" int MsOptimBlockPrecondition(int nparam, void **params, int *ndims, int64_t **shapes,
-                                        const char **dtypes, void * /*stream*/, void * /*extra*/) {
-  if (nparam != 4 || ndims[0] != 2 || ndims[1] != 3 || ndims[2] != 3 || g_sgemm == nullptr) return 1;
-  if (!Is(dtypes[0], "float32") || !Is(dtypes[1], "float32") || !Is(dtypes[2], "float32")) return 1;
-  const int64_t rows = shapes[0][0], cols = shapes[0][1];
-  const int64_t ng = shapes[1][0], bg = shapes[1][1], na = shapes[2][0], ba = shapes[2][1];
-  if (ng * bg < rows || na * ba < cols) return 1;
-  Precondition(static_cast<const float *>(params[0]), rows, cols, static_cast<const float *>(params[1]), ng, bg,
-               static_cast<const float *>(params[2]), na, ba, static_cast<float *>(params[3]));
-  return 0;
-}
-
-// THOR's whole update of a Dense or conv weight (ms_optim/_thor/update.py): inputs weight and moment (written),
-// grad (as many values, the first dimension the weight's), g_inv (ng, bg, bg), a_inv (na, ba, ba), lr, momentum,
-// weight_decay (one value each), all float32; output written[1]. p = G^-1 g A^-1 (as MsOptimBlockPrecondition),
-// p += weight_decay * w (when weight_decay is not 0), moment = moment * momentum + p, w -= moment * lr
-// (ApplyMomentum's order; no reassociation, so the result is bit for bit that of the three ops).
-extern "C" __attribute__((optimize("no-associative-math"))) int MsOptimThorMomentum(int nparam, void **params, int *ndims, int64_t **shapes, const char **dtypes,
-                                   void * /*stream*/, void * /*extra*/) {
-  if (nparam != 9 || ndims[0] < 1 || ndims[3] != 3 || ndims[4] != 3 || g_sgemm == nullptr) return 1;
-  for (int i = 0; i < 8; ++i)
-    if (!Is(dtypes[i], "float32")) return 1;
-  const int64_t n = NumElements(0, ndims, shapes), rows = shapes[0][0], cols = rows > 0 ? n / rows : 0;
-  const int64_t ng = shapes[3][0], bg = shapes[3][1], na = shapes[4][0], ba = shapes[4][1];
-  if (NumElements(1, ndims, shapes) != n || NumElements(2, ndims, shapes) != n || ng * bg < rows || na * ba < cols)
-    return 1;
-  std::unique_ptr<float[]> update(new float[n]);
-  Precondition(static_cast<const float *>(params[2]), rows, cols, static_cast<const float *>(params[3]), ng, bg,
-               static_cast<const float *>(params[4]), na, ba, update.get());
-  float *w = static_cast<float *>(params[0]), *m = static_cast<float *>(params[1]);
-  const float lr = *static_cast<const float *>(params[5]), momentum = *static_cast<const float *>(params[6]);
-  const float decay = *static_cast<const float *>(params[7]);
-  for (int64_t i = 0; i < n; ++i) {
-    float p = update[i];
-    if (decay != 0.0f) p = p + decay * w[i];
-    m[i] = m[i] * momentum + p;
-    w[i] = w[i] - m[i] * lr;
-  }
-  static_cast<float *>(params[8])[0] = 1.0f;
   return 0;
 }
 
