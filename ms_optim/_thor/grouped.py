@@ -208,8 +208,7 @@ class GroupedInversion(nn.Cell):
             members = [m for w in sorted(by_width) for m in by_width[w]]
             self.factors = ParameterTuple([m[0] for m in members])
             self.inverses = ParameterTuple([m[1] for m in members])
-            self.members = tuple((int(m[3]), Tensor(np.array([m[2].nblocks, m[2].pad, pc.INVERSE_TOLERANCE],
-                                                             np.float64))) for m in members)
+            self.members = tuple((int(m[3]), m[2].inverse_plan) for m in members)
             self.one = Tensor(1.0, mstype.float32)
         groups = [] if self.fused else [_WidthGroup(w, chunk) for w in sorted(by_width)
                                         for chunk in chunk_members(w, by_width[w])]

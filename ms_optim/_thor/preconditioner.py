@@ -121,6 +121,12 @@ class BlockLayout:
         return Tensor(self.pad_identity(), mstype.float32)
 
     @property
+    def inverse_plan(self) -> Tensor:
+        """The fused CPU inversion's plan of this factor (``MsOptimBlockInverse[Out]``, ``factor_kernels``):
+        ``(nblocks, pad, INVERSE_TOLERANCE)`` as float64."""
+        return Tensor(np.array([self.nblocks, self.pad, INVERSE_TOLERANCE], np.float64))
+
+    @property
     def shape(self) -> Tuple[int, int, int]:
         """Shape of the stored inverse: ``(nblocks, bs, bs)``."""
         return (self.nblocks, self.bs, self.bs)

@@ -30,8 +30,9 @@ class LayerSlot(nn.Cell):
       the factor read waits for: the backward pass has stored the factors by then);
     * ``a_layout`` / ``g_layout``: the ``BlockLayout`` of A (None for an embedding's diagonal A)
       and of G; ``a_geom`` / ``g_geom``: their ``(n, nblocks, bs)``;
-    * ``a_eye``, ``a_pad_eye``, ``g_eye``, ``g_pad_eye``: their constant identity blocks and pad masks, set
-      by :meth:`attach_inversion_constants` for the layer-by-layer inversion (:func:`invert_layer`) only;
+    * ``a_eye``, ``a_pad_eye``, ``g_eye``, ``g_pad_eye``: their constant identity blocks and pad masks, or
+      with the fused CPU inversion ``inverse_kernel``, ``a_plan``, ``g_plan`` and ``g_fused`` (G inverted by
+      it), set by :meth:`attach_inversion_constants` for the layer-by-layer inversion (:func:`invert_layer`) only;
     * ``a_inv`` / ``g_inv``: the stored inverses, Parameters ``matrix_a_inv_blocks_<index>`` /
       ``matrix_g_inv_blocks_<index>`` (initially the identity).
     """
@@ -67,25 +68,15 @@ class LayerSlot(nn.Cell):
         its plans, else the identity blocks and pad masks the composite inversion adds (a G under a special
         rule of ``device_rules`` always takes the composite path)."""
         self.inverse_kernel = () if kernel is None else (kernel,)
-        unused = Tensor(np.zeros((1,), np.float32))
         self.one = Tensor(1.0, mstype.float32)
-        self.a_plan = self.g_plan = unused
-        composite_g = kernel is None or self.g_rule != rules.INVERSE
-        self.g_eye = self.g_layout.eye if composite_g else unused
-        self.g_pad_eye = self.g_layout.pad_eye if composite_g else unused
-        if not composite_g:
-            self.g_plan = _plan(self.g_layout)
-        self.a_eye = self.a_pad_eye = unused
-        if not self.is_embedding and kernel is None:
-            self.a_eye = self.a_layout.eye
-            self.a_pad_eye = self.a_layout.pad_eye
-        elif not self.is_embedding:
-            self.a_plan = _plan(self.a_layout)
-
-
-def _plan(layout: pc.BlockLayout) -> Tensor:
-    """The fused inversion's plan of a factor: ``(nblocks, pad, INVERSE_TOLERANCE)`` as float64."""
-    return Tensor(np.array([layout.nblocks, layout.pad, pc.INVERSE_TOLERANCE], np.float64))
+        unused = Tensor(np.zeros((1,), np.float32))
+        fused_a = kernel is not None and not self.is_embedding
+        self.g_fused = kernel is not None and self.g_rule == rules.INVERSE
+        self.a_plan = self.a_layout.inverse_plan if fused_a else unused
+        self.g_plan = self.g_layout.inverse_plan if self.g_fused else unused
+        composite_a = kernel is None and not self.is_embedding
+        self.a_eye, self.a_pad_eye = (self.a_layout.eye, self.a_layout.pad_eye) if composite_a else (unused, unused)
+        self.g_eye, self.g_pad_eye = (unused, unused) if self.g_fused else (self.g_layout.eye, self.g_layout.pad_eye)
 
 
 def _fused_inverse(slot: LayerSlot, factor, lam, plan, geom):
@@ -111,7 +102,7 @@ def layer_inverses(slot: LayerSlot, a_factor, g_factor, lam):
         new_a = pc.invert_blocks(blocks)
         ok_a = pc.accept_inverse(blocks, new_a, slot.a_eye)
     geom = slot.g_geom
-    if slot.inverse_kernel and slot.g_rule == rules.INVERSE:
+    if slot.g_fused:
         new_g, ok_g = _fused_inverse(slot, g_factor, lam, slot.g_plan, geom)
         return new_a, ok_a, new_g, ok_g
     blocks = pc.damped_blocks(g_factor, lam, geom[0], geom[1], geom[2], slot.g_eye, slot.g_pad_eye)

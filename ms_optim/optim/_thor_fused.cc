@@ -226,15 +226,22 @@ MS_OPTIM_CLONES bool InvertInPlace(double *a, int64_t n, std::vector<int64_t> &s
   return true;
 }
 
-}  // namespace
-
-namespace {
-
-// The damped inverses of a factor's blocks (see MsOptimBlockInverse) into `inverse` (nblocks * bs * bs);
-// false as soon as a block is rejected.
-bool DampedInverses(const float *factor, int64_t nblocks, int64_t bs, int64_t pad, float lam, float scale,
-                    double tolerance, float *inverse) {
-  const int64_t size = bs * bs;
+// The damped inverses of a factor's blocks (see MsOptimBlockInverse) into `inverse` (nblocks * bs * bs), with
+// the inputs factor, lam, scale (float32) and plan (float64[3]: nblocks, pad, tolerance) at params[first..first+3]
+// and the inverse's shape (nblocks, bs, bs) at shapes[shape]: 1 when every block is accepted, 0 when one is
+// rejected, -1 when the inputs do not fit.
+int DampedInverses(void **params, int *ndims, int64_t **shapes, const char **dtypes, int first, int shape,
+                   float *inverse) {
+  if (ndims[shape] != 3 || g_sgemm == nullptr || !Is(dtypes[first + 3], "float64")) return -1;
+  for (int i = 0; i < 3; ++i)
+    if (!Is(dtypes[first + i], "float32")) return -1;
+  const double *plan = static_cast<const double *>(params[first + 3]);
+  const int64_t nblocks = plan[0], pad = plan[1], bs = shapes[shape][1], size = bs * bs;
+  if (shapes[shape][0] != nblocks || shapes[shape][2] != bs || NumElements(first, ndims, shapes) != nblocks * size)
+    return -1;
+  const float *factor = static_cast<const float *>(params[first]);
+  const float lam = *static_cast<const float *>(params[first + 1]);
+  const float scale = *static_cast<const float *>(params[first + 2]);
   std::vector<float> damped(size), residual(size);
   std::vector<double> work(size);
   std::vector<int64_t> swaps(bs);
@@ -242,7 +249,7 @@ bool DampedInverses(const float *factor, int64_t nblocks, int64_t bs, int64_t pa
     for (int64_t i = 0; i < size; ++i) damped[i] = factor[k * size + i] * scale;
     for (int64_t i = 0; i < bs; ++i) damped[i * bs + i] += lam + (k == nblocks - 1 && i >= bs - pad ? 1.0f : 0.0f);
     std::copy(damped.begin(), damped.end(), work.begin());
-    if (!InvertInPlace(work.data(), bs, swaps)) return false;
+    if (!InvertInPlace(work.data(), bs, swaps)) return 0;
     float *x = inverse + k * size;
     std::copy(work.begin(), work.end(), x);
     g_sgemm('N', 'N', bs, bs, bs, 1.0f, damped.data(), bs, x, bs, 0.0f, residual.data(), bs);
@@ -252,21 +259,9 @@ bool DampedInverses(const float *factor, int64_t nblocks, int64_t bs, int64_t pa
       total += r;
       largest = std::max(largest, r);
     }
-    if (!std::isfinite(total) || !(largest <= tolerance)) return false;
+    if (!std::isfinite(total) || !(largest <= plan[2])) return 0;
   }
-  return true;
-}
-
-// Checks the inputs factor, lam, scale (float32), plan (float64[3]) at params[first..first+3] against an
-// inverse of shape `shape` (nblocks, bs, bs); returns bs, or 0 when they do not fit.
-int64_t InverseWidth(void **params, int *ndims, int64_t **shapes, const char **dtypes, int first, int shape) {
-  if (ndims[shape] != 3 || g_sgemm == nullptr || !Is(dtypes[first + 3], "float64")) return 0;
-  for (int i = 0; i < 3; ++i)
-    if (!Is(dtypes[first + i], "float32")) return 0;
-  const int64_t nblocks = static_cast<const double *>(params[first + 3])[0], bs = shapes[shape][1];
-  if (shapes[shape][0] != nblocks || shapes[shape][2] != bs || NumElements(first, ndims, shapes) != nblocks * bs * bs)
-    return 0;
-  return bs;
+  return 1;
 }
 
 }  // namespace
@@ -280,16 +275,11 @@ int64_t InverseWidth(void **params, int *ndims, int64_t **shapes, const char **d
 extern "C" int MsOptimBlockInverse(int nparam, void **params, int *ndims, int64_t **shapes, const char **dtypes,
                                    void * /*stream*/, void * /*extra*/) {
   if (nparam != 6 || !Is(dtypes[0], "float32")) return 1;
-  const int64_t bs = InverseWidth(params, ndims, shapes, dtypes, 1, 0);
-  if (bs == 0) return 1;
-  const double *p = static_cast<const double *>(params[4]);
-  float *out = static_cast<float *>(params[5]);
   std::vector<float> inverse(NumElements(0, ndims, shapes));
-  const bool ok = DampedInverses(static_cast<const float *>(params[1]), p[0], bs, p[1],
-                                 *static_cast<const float *>(params[2]), *static_cast<const float *>(params[3]), p[2],
-                                 inverse.data());
+  const int ok = DampedInverses(params, ndims, shapes, dtypes, 1, 0, inverse.data());
+  if (ok < 0) return 1;
   if (ok) std::memcpy(params[0], inverse.data(), inverse.size() * sizeof(float));
-  out[0] = ok ? 1.0f : 0.0f;
+  static_cast<float *>(params[5])[0] = static_cast<float>(ok);
   return 0;
 }
 
@@ -298,14 +288,10 @@ extern "C" int MsOptimBlockInverse(int nparam, void **params, int *ndims, int64_
 extern "C" int MsOptimBlockInverseOut(int nparam, void **params, int *ndims, int64_t **shapes, const char **dtypes,
                                       void * /*stream*/, void * /*extra*/) {
   if (nparam != 6 || !Is(dtypes[4], "float32")) return 1;
-  const int64_t bs = InverseWidth(params, ndims, shapes, dtypes, 0, 4);
-  if (bs == 0) return 1;
-  const double *p = static_cast<const double *>(params[3]);
   float *inverse = static_cast<float *>(params[4]);
-  const bool ok = DampedInverses(static_cast<const float *>(params[0]), p[0], bs, p[1],
-                                 *static_cast<const float *>(params[1]), *static_cast<const float *>(params[2]), p[2],
-                                 inverse);
+  const int ok = DampedInverses(params, ndims, shapes, dtypes, 0, 4, inverse);
+  if (ok < 0) return 1;
   if (!ok) std::fill(inverse, inverse + NumElements(4, ndims, shapes), 0.0f);
-  static_cast<float *>(params[5])[0] = ok ? 1.0f : 0.0f;
+  static_cast<float *>(params[5])[0] = static_cast<float>(ok);
   return 0;
 }
