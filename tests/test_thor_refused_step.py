@@ -82,3 +82,30 @@ def test_jit_step_in_pynative_trains_and_refuses_without_change(rng):
     after = _state(net, opt)
     for key, value in before.items():
         assert np.array_equal(value, after[key]), f"{key} changed by the refused step"
+
+
+def test_new_optimizer_drops_the_old_schedule_guard(rng):
+    """A second ``thor()`` on the same net with scalar schedules: the taps no longer hold the first optimizer's
+    guard, whose step (past the end of its 2-value list) would refuse every PYNATIVE step of the new one."""
+    import mindspore as ms
+
+    ms.set_context(mode=ms.PYNATIVE_MODE)
+    net = MLP(6, 5, 3, weight_init="normal")
+    loss = nn.WithLossCell(net, nn.SoftmaxCrossEntropyWithLogits(sparse=True, reduction="mean"))
+
+    def batch():
+        return (Tensor(rng.standard_normal((4, 6)).astype(np.float32)),
+                Tensor(rng.integers(0, 3, 4).astype(np.int32)))
+
+    scalar = Tensor(np.array(0.05, np.float32))
+    first = nn.TrainOneStepCell(loss, thor(net, Tensor(np.full(2, 0.05, np.float32)), scalar, 0.9, batch_size=4,
+                                           frequency=2))
+    for _ in range(2):
+        first(*batch())
+    second = thor(net, scalar, scalar, 0.9, batch_size=4, frequency=2)
+    assert all(layer.factor_tap.schedule_guard is None for layer in second.thor_cells)
+    cell = nn.TrainOneStepCell(loss, second)
+    for _ in range(3):  # a THOR step, a step in between, a THOR step
+        assert np.isfinite(float(cell(*batch()).asnumpy()))
+    assert int(second.global_step.asnumpy().reshape(-1)[0]) == 3
+

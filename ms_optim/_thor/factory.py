@@ -301,8 +301,9 @@ def thor(net, learning_rate, damping, momentum, weight_decay=0.0, loss_scale=1.0
                               distribute_inverses=distribute_inverses, trace_thresholds=thresholds)
     limits = [(name, value.shape[0]) for name, value in (("learning_rate", learning_rate), ("damping", damping))
               if value.ndim == 1]
-    if limits:  # PYNATIVE: a step past their end is refused before the backward pass writes the factors
-        guard = ScheduleGuard(_NAME, optimizer.global_step, limits)
-        for layer in layers:
-            layer.factor_tap.set_schedule_guard(guard)
+    # PYNATIVE: a step past their end is refused before the backward pass writes the factors (and a guard
+    # an earlier thor() on this net set is dropped)
+    guard = ScheduleGuard(_NAME, optimizer.global_step, limits) if limits else None
+    for layer in layers:
+        layer.factor_tap.set_schedule_guard(guard)
     return optimizer
