@@ -16,6 +16,8 @@ by one batched ``MatrixInverse`` per block width, in chunks. Both are checked he
   made small): every loss, parameter and inverse bit for bit those of one inversion per width.
 * The same net updated one parameter after the other (``update.sequential_step``, the default) and
   staged (every preconditioned gradient first): bit for bit the same.
+* Its four 3x3 convolutions call one shared tap Cell (``taps.share_factor_taps``): bit for bit the numbers
+  of a private tap per layer; a layer's own setting (``set_factor_block_size``) copies the shared tap first.
 """
 from types import SimpleNamespace
 from typing import Dict
@@ -133,7 +135,8 @@ class RepeatedConvNet(nn.Cell):
         return self.fc(self.flatten(x))
 
 
-def _train_repeated(per_layer: bool, seed_values, batches, groups: int = 4, staged: bool = False):
+def _train_repeated(per_layer: bool, seed_values, batches, groups: int = 4, staged: bool = False,
+                    private_taps: bool = False):
     net = RepeatedConvNet()
     for p, value in zip(net.trainable_params(), seed_values):
         p.set_data(Tensor(value))
@@ -143,6 +146,13 @@ def _train_repeated(per_layer: bool, seed_values, batches, groups: int = 4, stag
     assert len(opt.grouped.groups) == (0 if opt.grouped.fused else groups)
     assert opt.sequential_update  # no kl_clip, no clip, no Nesterov: one parameter after the other
     opt.sequential_update = not staged  # read when the step is compiled (ms_optim._thor.update)
+    shared = [layer.factor_tap for layer in opt.thor_cells]
+    assert len({id(tap) for tap in shared}) == 2  # the stem and the three convolutions: one geometry, one tap
+    if private_taps:
+        for layer in opt.thor_cells:
+            layer.factor_tap = layer.factor_tap.clone()
+        taps = [layer.factor_tap for layer in opt.thor_cells]
+        assert len({id(tap) for tap in taps + shared}) == 7  # five new taps
     if per_layer:
         opt.batched = False  # read when the step is compiled: the per-layer inversion of slot.invert_layer
         for slot in opt.slots:  # with the constants it adds (thor() attaches them only when it inverts per layer)
@@ -216,6 +226,32 @@ def test_sequential_update_is_bit_for_bit_staged(mode, rng, path):
     for got, want in zip(inverses, staged_inverses):
         np.testing.assert_array_equal(got, want)
     assert not np.allclose(params["convs.0.weight"], values[2])  # trained
+
+
+def test_shared_taps_are_bit_for_bit_private_taps(mode, rng, path):
+    values, batches = _repeated_case(rng)
+    losses, params, inverses = _train_repeated(False, values, batches)
+    private_losses, private_params, private_inverses = _train_repeated(False, values, batches, private_taps=True)
+    assert private_losses == losses
+    for name, want in private_params.items():
+        np.testing.assert_array_equal(params[name], want, err_msg=name)
+    for got, want in zip(inverses, private_inverses):
+        np.testing.assert_array_equal(got, want)
+    assert not np.allclose(inverses[1][0], np.eye(128))  # refreshed
+
+
+def test_a_layer_setting_copies_its_shared_tap():
+    net = RepeatedConvNet()
+    lr, damping = Tensor(np.array(0.01, np.float32)), Tensor(np.array(0.1, np.float32))
+    opt = thor(net, lr, damping, 0.9, batch_size=4, frequency=2)
+    stem, first, second = opt.thor_cells[:3]
+    shared = first.factor_tap
+    assert shared.shared and stem.factor_tap is shared and second.factor_tap is shared
+    first.set_factor_block_size(64)
+    assert first.factor_tap is not shared and not first.factor_tap.shared
+    assert first.factor_tap.block_size == 64 and shared.block_size == 128 and second.factor_tap is shared
+    assert first.factor_tap.sharing_key()[2:] == shared.sharing_key()[2:]  # convention, guard, geometry kept
+    assert first.matrix_a_cov.shape == (3, 64, 64) and second.matrix_a_cov.shape == (2, 128, 128)
 
 
 def test_chunk_members_cuts_whole_factors_in_order(monkeypatch):

@@ -211,4 +211,4 @@ def _scales(name: str, kind: str, bs: int, first: int, second: int) -> Tuple[flo
 def apply_factor_convention(layers, name: str, batch_size: int) -> None:
     """Give every THOR layer's factor tap the concrete convention ``name`` (thor() calls it)."""
     for layer in layers:
-        layer.factor_tap.convention = FactorConvention(name, batch_size)
+        layer.own_factor_tap().convention = FactorConvention(name, batch_size)

@@ -19,7 +19,7 @@ from ms_optim._thor.convert import ConvertNetUtils, count_thor_cells, thor_candi
 from ms_optim._thor.device_rules import check_distribute_inverses
 from ms_optim._thor.optimizer import ThorOptimizer
 from ms_optim._thor.parallel import data_parallel_group_size
-from ms_optim._thor.taps import ScheduleGuard
+from ms_optim._thor.taps import ScheduleGuard, share_factor_taps
 from ms_optim._thor.trace import check_trace_thresholds
 from ms_optim._validation import (
     check_bool,
@@ -305,5 +305,6 @@ def thor(net, learning_rate, damping, momentum, weight_decay=0.0, loss_scale=1.0
     # an earlier thor() on this net set is dropped)
     guard = ScheduleGuard(_NAME, optimizer.global_step, limits) if limits else None
     for layer in layers:
-        layer.factor_tap.set_schedule_guard(guard)
+        layer.own_factor_tap().set_schedule_guard(guard)
+    share_factor_taps(layers)
     return optimizer

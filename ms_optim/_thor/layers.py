@@ -1,7 +1,6 @@
 """THOR layers: ``nn.Dense``/``nn.Conv2d``/``nn.Embedding`` that also collect their Kronecker factors.
 
-State and forward only; the factor math (formulas, conv geometry, the backward-pass tap) is in
-``factors.py``, and which plain cells get converted is decided in ``convert.py``.
+State and forward only: the factor math is in ``factors.py``, the tap in ``taps.py``, the conversion in ``convert.py``.
 
 Every layer here computes exactly the output of the plain MindSpore layer built with the same
 arguments (same Parameters: ``weight``/``bias``/``embedding_table``, same ops), and in addition owns
@@ -42,21 +41,18 @@ class ThorLayer(nn.Cell):
 
     What the optimizer may rely on:
 
-    * ``kind``: ``"dense"``, ``"conv"`` or ``"embedding"`` (class attribute);
-    * ``weight_param()``: the Parameter whose gradient is preconditioned (``weight`` or
-      ``embedding_table``; conv weights are ``(C_out, C_in, kh, kw)``, A's index is ``c*kh*kw + i*kw + j``,
-      i.e. ``weight.reshape(C_out, -1)``);
-    * ``factor_block_size``: the block width the factors are stored in (None: whole matrices);
-      ``thor()`` sets it to its ``block_size`` (None for ``inverse="full"``); default 128;
+    * ``kind``: ``"dense"``, ``"conv"`` or ``"embedding"`` (class attribute); ``a_dim`` / ``g_dim``: the sizes of A, G;
+    * ``weight_param()``: the Parameter whose gradient is preconditioned (``weight`` or ``embedding_table``; conv
+      weights are ``(C_out, C_in, kh, kw)``, A's index is ``c*kh*kw + i*kw + j``, i.e. ``weight.reshape(C_out, -1)``);
+    * ``factor_block_size``: the block width the factors are stored in (None: whole matrices); ``thor()`` sets it
+      to its ``block_size`` (None for ``inverse="full"``); default 128;
     * ``matrix_a_cov``: float32 Parameter, ``stored_shape(a_dim, factor_block_size)`` for dense and conv
-      (``(a_dim, a_dim)`` if ``a_dim <= factor_block_size``, else the ``(nblocks, bs, bs)`` diagonal
-      blocks, the last zero-padded), ``(a_dim,)`` for embedding (the diagonal of A); zeros until the
-      first THOR step;
-    * ``matrix_g_cov``: float32 Parameter, ``stored_shape(g_dim, factor_block_size)``; zeros until the
-      first THOR step; ``loss_scale**2`` times the formula (see ``ms_optim._thor.factors``; both factors in the
-      normalisation of the tap's convention, KFC unless ``thor(..., factor_convention=...)`` set one);
-    * ``thor_flag``: bool scalar Parameter, initially True (step 0 is a THOR step);
-    * ``a_dim`` / ``g_dim``: ints, the sizes of A and G.
+      (``(a_dim, a_dim)`` if ``a_dim <= factor_block_size``, else the ``(nblocks, bs, bs)`` diagonal blocks, the
+      last zero-padded), ``(a_dim,)`` for embedding (the diagonal of A); zeros until the first THOR step;
+    * ``matrix_g_cov``: float32 Parameter, ``stored_shape(g_dim, factor_block_size)``; zeros until the first THOR
+      step; ``loss_scale**2`` times the formula (see ``ms_optim._thor.factors``; both factors in the normalisation
+      of the tap's convention, KFC unless ``thor(..., factor_convention=...)`` set one);
+    * ``thor_flag``: bool scalar Parameter, initially True (step 0 is a THOR step).
 
     Both factors are written during the *backward* pass of a training step whose ``thor_flag`` is
     True (so they are final once the gradients exist, before the optimizer runs); a layer used
@@ -89,9 +85,7 @@ class ThorLayer(nn.Cell):
         self.set_train(True)
 
     def _a_shape(self) -> Tuple[int, ...]:
-        if self.a_is_diagonal:
-            return (self.a_dim,)
-        return stored_shape(self.a_dim, self.factor_block_size)
+        return (self.a_dim,) if self.a_is_diagonal else stored_shape(self.a_dim, self.factor_block_size)
 
     def set_factor_block_size(self, block_size: Optional[int]) -> None:
         """Store (and compute) the factors in diagonal blocks of width ``block_size`` (None: whole).
@@ -103,17 +97,22 @@ class ThorLayer(nn.Cell):
         if block_size == self.factor_block_size:
             return
         self.factor_block_size = block_size
-        self.factor_tap.block_size = block_size
-        a_name, g_name = self.matrix_a_cov.name, self.matrix_g_cov.name
-        self.matrix_a_cov = Parameter(Tensor(np.zeros(self._a_shape(), np.float32)), name=a_name, requires_grad=False)
-        self.matrix_g_cov = Parameter(Tensor(np.zeros(stored_shape(self.g_dim, block_size), np.float32)), name=g_name,
-                                      requires_grad=False)
+        self.own_factor_tap().block_size = block_size
+        for name, shape in (("matrix_a_cov", self._a_shape()), ("matrix_g_cov", stored_shape(self.g_dim, block_size))):
+            setattr(self, name, Parameter(Tensor(np.zeros(shape, np.float32)), name=getattr(self, name).name,
+                                          requires_grad=False))
+
+    def own_factor_tap(self) -> nn.Cell:
+        """``factor_tap``, first copied if ``thor()`` shares it with other layers (``taps.share_factor_taps``),
+        so that a setting (block width, convention, schedule guard) changes this layer's tap only."""
+        if self.factor_tap.shared:
+            self.factor_tap = self.factor_tap.clone()
+        return self.factor_tap
 
     def _tap(self, s, x):
         """In training mode, route ``s`` through the factor tap (dtype of ``s`` kept under amp)."""
-        dtype = s.dtype
-        s = self.factor_tap(s, ops.stop_gradient(x), self.thor_flag, self.matrix_a_cov, self.matrix_g_cov)
-        return ops.cast(s, dtype)
+        return ops.cast(self.factor_tap(s, ops.stop_gradient(x), self.thor_flag, self.matrix_a_cov, self.matrix_g_cov),
+                        s.dtype)
 
     def _adopt_param(self, attr: str, param: Optional[Parameter]) -> None:
         """Put the plain layer's Parameter object itself (name, value, dtype kept) under ``attr``."""

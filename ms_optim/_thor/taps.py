@@ -49,7 +49,7 @@ from ms_optim._thor.factors import (
 from ms_optim._thor.preconditioner import keep_if
 from ms_optim.optim._base import check_schedule_length
 
-__all__ = ["DenseTap", "ConvTap", "EmbeddingTap", "ScheduleGuard"]
+__all__ = ["DenseTap", "ConvTap", "EmbeddingTap", "ScheduleGuard", "share_factor_taps"]
 
 
 class ScheduleGuard(nn.Cell):
@@ -78,6 +78,23 @@ class ScheduleGuard(nn.Cell):
         for i in range(len(self.limits)):
             step = check_schedule_length(self.owner, self.limits[i][0], self.limits[i][1], self.sizes[i], step)
         return step
+
+
+def share_factor_taps(layers: Sequence[nn.Cell]) -> int:
+    """Give the THOR layers whose taps have equal ``sharing_key`` one tap Cell; return how many taps remain.
+
+    Why: compiling expands each Cell's custom ``bprop`` in its own pass over the whole graph
+    (MindSpore's ``meta_fg_expand``, one ``resolve`` each), so one tap per layer made that part of the
+    compile grow as layers times graph size. A tap holds no state of its layer (the layer passes its
+    factors and flag in), so layers of one geometry can call the same Cell: ResNet-50's 54 THOR layers
+    need 6 taps. ``ThorLayer.own_factor_tap`` copies a shared tap before a layer's setting changes it.
+    """
+    taps = {}
+    for layer in layers:
+        tap = taps.setdefault(layer.factor_tap.sharing_key(), layer.factor_tap)
+        tap.shared = tap.shared or tap is not layer.factor_tap
+        layer.factor_tap = tap
+    return len(taps)
 
 
 _ID_TYPES = mstype.int_type + mstype.uint_type
@@ -110,6 +127,7 @@ class _FactorTap(nn.Cell):
         self.convention = FactorConvention()
         self.block_size = None  # the layer's factor block width (``ThorLayer.set_factor_block_size``)
         self.__dict__["_schedule_guard"] = None  # see the schedule_guard property
+        self.shared = False  # share_factor_taps gave this tap to several layers
 
     @property
     def schedule_guard(self):
@@ -123,6 +141,25 @@ class _FactorTap(nn.Cell):
         """Give this tap the guard ``thor()`` made. Kept out of the Cell tree: the guard holds the
         optimizer's ``global_step``, which is no Parameter of the net (nor in its checkpoints)."""
         self.__dict__["_schedule_guard"] = guard
+
+    def sharing_key(self) -> tuple:
+        """What the tap's graph depends on besides its inputs: the class, block width, convention,
+        guard and geometry. Taps with equal keys compute alike, so :func:`share_factor_taps` can give
+        their layers one Cell."""
+        return (type(self), self.block_size, self.convention.name, self.convention.batch_size,
+                id(self.__dict__["_schedule_guard"])) + self._geometry()
+
+    def _geometry(self) -> tuple:
+        """The subclass's constructor arguments."""
+        return ()
+
+    def clone(self) -> "_FactorTap":
+        """A new tap set up as this one (:meth:`sharing_key` equal), used by one layer only."""
+        tap = type(self)(*self._geometry())
+        tap.block_size = self.block_size
+        tap.convention = FactorConvention(self.convention.name, self.convention.batch_size)
+        tap.set_schedule_guard(self.__dict__["_schedule_guard"])
+        return tap
 
     def add_flags_recursive(self, **flags):
         """Ignore amp's precision flags (``to_float``): the tap casts to float32 itself, and a float16
@@ -205,7 +242,10 @@ class ConvTap(_FactorTap):
         self.stride = stride
         self.dilation = dilation
         self.pad_mode = pad_mode
-        self.padding = padding
+        self.padding = tuple(padding) if isinstance(padding, list) else padding
+
+    def _geometry(self) -> tuple:
+        return (self.kernel_size, self.stride, self.dilation, self.pad_mode, self.padding)
 
     def _a_value(self, x):
         geometry = conv_output_geometry(x.shape[2], x.shape[3], self.kernel_size, self.stride, self.dilation,
@@ -242,6 +282,9 @@ class EmbeddingTap(_FactorTap):
         super().__init__()
         self.vocab_size = vocab_size
         self.limit = Tensor(np.array(vocab_size, np.int32))
+
+    def _geometry(self) -> tuple:
+        return (self.vocab_size,)
 
     def _a_value(self, x):
         return self.convention.apply(embedding_a(x, self.vocab_size, self.limit),
