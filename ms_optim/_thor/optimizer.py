@@ -78,7 +78,14 @@ from ms_optim._thor.parallel import FactorAllReduce
 from ms_optim._thor.sharing import InverseSharing
 from ms_optim._thor.slot import LayerSlot, invert_layer
 from ms_optim._thor.trace import TraceSchedule, decide
-from ms_optim._thor.update import apply_decay, clip_to_unit_norm, momentum_step, nesterov_step, sequential_step
+from ms_optim._thor.update import (
+    apply_decay,
+    clip_to_unit_norm,
+    momentum_step,
+    nesterov_step,
+    sequential_step,
+    write_flag,
+)
 from ms_optim.optim._base import check_schedule_length
 
 __all__ = ["ThorOptimizer", "LayerSlot"]
@@ -371,6 +378,4 @@ class ThorOptimizer(Optimizer):
         else:
             success = self._staged_update(params, gradients, lam)
         success = F.depend(success, self.assignadd(self.global_step, self.global_step_increase_tensor))
-        for i in range(self.num_layers):
-            success = F.depend(success, ops.assign(self.thor_flags[i], next_flag))
-        return success
+        return F.depend(success, self.hyper_map(F.partial(write_flag, next_flag), self.thor_flags))
