@@ -163,6 +163,17 @@ def _train_repeated(per_layer: bool, seed_values, batches, groups: int = 4, stag
     return losses, _params(net), inverses
 
 
+def _assert_same_run(run, want_run):
+    """Two runs of ``_train_repeated``: every loss, parameter and inverse bit for bit."""
+    (losses, params, inverses), (want_losses, want_params, want_inverses) = run, want_run
+    assert losses == want_losses
+    assert set(params) == set(want_params)
+    for name, want in want_params.items():
+        np.testing.assert_array_equal(params[name], want, err_msg=name)
+    for got, want in zip(inverses, want_inverses, strict=True):
+        np.testing.assert_array_equal(got, want)
+
+
 def _repeated_case(rng):
     template = RepeatedConvNet()
     values = [(rng.standard_normal(p.shape) * (np.sqrt(2.0 / np.prod(p.shape[1:])) if len(p.shape) > 1 else 0.1))
@@ -207,37 +218,22 @@ def test_chunked_inversion_is_bit_for_bit_one_inversion(mode, rng, monkeypatch, 
     # the 128-wide blocks (three conv A of 2 blocks, the fc's A of 576: 5 blocks) in chunks of at most 2 blocks of
     # whole factors: one chunk per factor, the fc's A alone; 4 + 3 inversions
     monkeypatch.setattr(grouped, "CHUNK_BYTES", 2 * 4 * 128 ** 2)
-    chunked_losses, chunked_params, chunked_inverses = _train_repeated(False, values, batches, groups=7)
-    assert chunked_losses == losses
-    for name, want in params.items():
-        np.testing.assert_array_equal(chunked_params[name], want, err_msg=name)
-    for got, want in zip(chunked_inverses, inverses):
-        np.testing.assert_array_equal(got, want)
+    _assert_same_run(_train_repeated(False, values, batches, groups=7), (losses, params, inverses))
     assert not np.allclose(inverses[1][0], np.eye(128))  # refreshed
 
 
 def test_sequential_update_is_bit_for_bit_staged(mode, rng, path):
     values, batches = _repeated_case(rng)
-    losses, params, inverses = _train_repeated(False, values, batches)
-    staged_losses, staged_params, staged_inverses = _train_repeated(False, values, batches, staged=True)
-    assert staged_losses == losses
-    for name, want in staged_params.items():
-        np.testing.assert_array_equal(params[name], want, err_msg=name)
-    for got, want in zip(inverses, staged_inverses):
-        np.testing.assert_array_equal(got, want)
-    assert not np.allclose(params["convs.0.weight"], values[2])  # trained
+    run = _train_repeated(False, values, batches)
+    _assert_same_run(run, _train_repeated(False, values, batches, staged=True))
+    assert not np.allclose(run[1]["convs.0.weight"], values[2])  # trained
 
 
 def test_shared_taps_are_bit_for_bit_private_taps(mode, rng, path):
     values, batches = _repeated_case(rng)
-    losses, params, inverses = _train_repeated(False, values, batches)
-    private_losses, private_params, private_inverses = _train_repeated(False, values, batches, private_taps=True)
-    assert private_losses == losses
-    for name, want in private_params.items():
-        np.testing.assert_array_equal(params[name], want, err_msg=name)
-    for got, want in zip(inverses, private_inverses):
-        np.testing.assert_array_equal(got, want)
-    assert not np.allclose(inverses[1][0], np.eye(128))  # refreshed
+    run = _train_repeated(False, values, batches)
+    _assert_same_run(run, _train_repeated(False, values, batches, private_taps=True))
+    assert not np.allclose(run[2][1][0], np.eye(128))  # refreshed
 
 
 def test_a_layer_setting_copies_its_shared_tap():
