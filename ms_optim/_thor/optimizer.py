@@ -214,9 +214,12 @@ class ThorOptimizer(Optimizer):
         self.slots = nn.CellList([LayerSlot(i, layer, grad_index[i], block) for i, layer in enumerate(self.thor_cells)],
                                  auto_prefix=False)
         none = (0, 0, 0)
-        self.param_treatment = tuple((kind, max(owner, 0), self.slots[owner].g_geom if owner >= 0 else none,
+        self.param_treatment = tuple((kind, self.slots[owner].g_geom if owner >= 0 else none,
                                       self.slots[owner].a_geom if owner >= 0 else none)
                                      for kind, owner in zip(kinds, owners))
+        no_inverse = Tensor(np.zeros((1,), np.float32))  # for the parameters of no THOR layer (never read)
+        self.param_g_inv = tuple(self.slots[owner].g_inv if owner >= 0 else no_inverse for owner in owners)
+        self.param_a_inv = tuple(self.slots[owner].a_inv if owner >= 0 else no_inverse for owner in owners)
         self.batch_size_float = float(self.batch_size)
         kernels = factor_kernels()
         self.precondition_kernel = () if kernels is None else (kernels[3],)
@@ -336,8 +339,8 @@ class ThorOptimizer(Optimizer):
 
         One ``hyper_map`` (``pc.precondition_parameter``), not a loop growing a tuple (GRAPH_MODE compiled
         that 5x slower)."""
-        return self.hyper_map(F.partial(pc.precondition_parameter, self.precondition_kernel, lam, self.batch_size_float,
-                                        self.matrix_g_inv, self.matrix_a_inv), self.param_treatment, gradients)
+        precondition = F.partial(pc.precondition_parameter, self.precondition_kernel, lam, self.batch_size_float)
+        return self.hyper_map(precondition, self.param_treatment, gradients, self.param_g_inv, self.param_a_inv)
 
     def _staged_update(self, params, gradients, lam):
         """Precondition every gradient, then the rules that read all of them (KL clip, unit-norm clip), decay and
@@ -372,9 +375,9 @@ class ThorOptimizer(Optimizer):
             update = (self.opt, self.momentum, self.get_lr(),
                       self.weight_decay_tensor if self.apply_weight_decay else None)
             success = self.hyper_map(F.partial(sequential_step, update, (self.precondition_kernel, lam,
-                                                                         self.batch_size_float),
-                                               self.matrix_g_inv, self.matrix_a_inv),
-                                     self.param_treatment, self.decay_flags, gradients, params, self.moments)
+                                                                         self.batch_size_float)),
+                                     self.param_treatment, self.decay_flags, gradients, params, self.moments,
+                                     self.param_g_inv, self.param_a_inv)
         else:
             success = self._staged_update(params, gradients, lam)
         success = F.depend(success, self.assignadd(self.global_step, self.global_step_increase_tensor))

@@ -67,19 +67,19 @@ def _nesterov_step_tensor(momentum, learning_rate, gradient, weight, moment):
     return F.depend(True, F.depend(ops.assign_sub(weight, update), done))
 
 
-@sequential_step.register("Tuple", "Tuple", "Tuple", "Tuple", "Tuple", "Bool", "Tensor", "Tensor", "Tensor")
-def _sequential_step_tensor(update, precondition, g_inverses, a_inverses, treatment, decay, gradient, weight,
-                            moment):
+@sequential_step.register("Tuple", "Tuple", "Tuple", "Bool", "Tensor", "Tensor", "Tensor", "Tensor", "Tensor")
+def _sequential_step_tensor(update, precondition, treatment, decay, gradient, weight, moment, g_inv, a_inv):
     """One parameter: ``pc.precondition_parameter``, :data:`apply_decay`, :data:`momentum_step`.
 
     ``update = (opt, momentum, learning_rate, weight_decay or None)``; ``precondition = (kernel, lam,
-    batch_size)`` (``precondition_parameter``'s leading arguments). The gradient is read after this
+    batch_size)`` (``precondition_parameter``'s leading arguments); ``g_inv``/``a_inv``: the parameter's
+    layer's stored inverses. The gradient is read after this
     parameter's moment, whose read is ordered after the previous parameter's momentum step (the steps
     are side effects, run in parameter order), so one preconditioned gradient is alive at a time.
     """
     gradient = F.depend(gradient, moment)
-    gradient = pc.precondition_parameter(precondition[0], precondition[1], precondition[2], g_inverses, a_inverses,
-                                         treatment, gradient)
+    gradient = pc.precondition_parameter(precondition[0], precondition[1], precondition[2], treatment, gradient, g_inv,
+                                         a_inv)
     if update[3] is not None:
         gradient = apply_decay(update[3], decay, weight, gradient)
     return momentum_step(update[0], update[1], update[2], gradient, weight, moment)
