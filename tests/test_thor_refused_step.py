@@ -13,6 +13,10 @@ from thor_nets import MLP
 from ms_optim._thor.factory import thor
 
 
+def _batch(rng):
+    return (Tensor(rng.standard_normal((4, 6)).astype(np.float32)), Tensor(rng.integers(0, 3, 4).astype(np.int32)))
+
+
 def _state(*cells):
     return {p.name: p.asnumpy().copy() for cell in cells for p in cell.get_parameters()}
 
@@ -30,18 +34,14 @@ def test_refused_step_changes_nothing(mode, rng, lr_steps, damping_steps, name, 
                                opt)
     steps = min(lr_steps, damping_steps)
 
-    def batch():
-        return (Tensor(rng.standard_normal((4, 6)).astype(np.float32)),
-                Tensor(rng.integers(0, 3, 4).astype(np.int32)))
-
     for _ in range(steps):
-        cell(*batch())
+        cell(*_batch(rng))
     assert all(bool(layer.thor_flag.asnumpy()) == thor_step for layer in opt.thor_cells)
     before = _state(net, opt)
     assert any(k.endswith("matrix_g_cov") for k in before) and any(k.endswith("global_step") for k in before)
     with pytest.raises(ValueError, match=rf"For 'thor', the argument '{name}' gives {steps} values, one per step, "
                                          rf"but step {steps + 1} was requested"):
-        cell(*batch())
+        cell(*_batch(rng))
     after = _state(net, opt)
     assert set(after) == set(before)
     for key, value in before.items():
@@ -67,18 +67,14 @@ def test_jit_step_in_pynative_trains_and_refuses_without_change(rng):
         opt(grads)
         return value
 
-    def batch():
-        return (Tensor(rng.standard_normal((4, 6)).astype(np.float32)),
-                Tensor(rng.integers(0, 3, 4).astype(np.int32)))
-
     start = net.fc1.weight.asnumpy().copy()
     for _ in range(3):
-        assert np.isfinite(float(step(*batch()).asnumpy()))
+        assert np.isfinite(float(step(*_batch(rng)).asnumpy()))
     assert not np.array_equal(start, net.fc1.weight.asnumpy())
     assert int(opt.global_step.asnumpy().reshape(-1)[0]) == 3
     before = _state(net, opt)
     with pytest.raises(ValueError, match=r"'learning_rate' gives 3 values, one per step, but step 4 was requested"):
-        step(*batch())
+        step(*_batch(rng))
     after = _state(net, opt)
     for key, value in before.items():
         assert np.array_equal(value, after[key]), f"{key} changed by the refused step"
@@ -93,19 +89,15 @@ def test_new_optimizer_drops_the_old_schedule_guard(rng):
     net = MLP(6, 5, 3, weight_init="normal")
     loss = nn.WithLossCell(net, nn.SoftmaxCrossEntropyWithLogits(sparse=True, reduction="mean"))
 
-    def batch():
-        return (Tensor(rng.standard_normal((4, 6)).astype(np.float32)),
-                Tensor(rng.integers(0, 3, 4).astype(np.int32)))
-
     scalar = Tensor(np.array(0.05, np.float32))
     first = nn.TrainOneStepCell(loss, thor(net, Tensor(np.full(2, 0.05, np.float32)), scalar, 0.9, batch_size=4,
                                            frequency=2))
     for _ in range(2):
-        first(*batch())
+        first(*_batch(rng))
     second = thor(net, scalar, scalar, 0.9, batch_size=4, frequency=2)
     assert all(layer.factor_tap.schedule_guard is None for layer in second.thor_cells)
     cell = nn.TrainOneStepCell(loss, second)
     for _ in range(3):  # a THOR step, a step in between, a THOR step
-        assert np.isfinite(float(cell(*batch()).asnumpy()))
+        assert np.isfinite(float(cell(*_batch(rng)).asnumpy()))
     assert int(second.global_step.asnumpy().reshape(-1)[0]) == 3
 

@@ -74,18 +74,19 @@ class ThorLayer(nn.Cell):
         self.factor_tap = tap
         self.factor_block_size = DEFAULT_BLOCK_SIZE
         tap.block_size = DEFAULT_BLOCK_SIZE
-        self.matrix_a_cov = Parameter(Tensor(np.zeros(self._a_shape(), np.float32)), name=name_prefix + "matrix_a_cov",
-                                      requires_grad=False)
-        self.matrix_g_cov = Parameter(Tensor(np.zeros(stored_shape(self.g_dim, DEFAULT_BLOCK_SIZE), np.float32)),
-                                      name=name_prefix + "matrix_g_cov", requires_grad=False)
+        self._zero_factors(name_prefix + "matrix_a_cov", name_prefix + "matrix_g_cov")
         self.thor_flag = Parameter(Tensor(np.array(True)), name=name_prefix + "thor_flag", requires_grad=False)
         # THOR layers start in training mode (a plain Cell starts in inference mode), so a bare
         # TrainOneStepCell that never calls set_train() still collects factors instead of silently
         # preconditioning with damping alone; set_train(False) (Model.eval does) turns the tap off.
         self.set_train(True)
 
-    def _a_shape(self) -> Tuple[int, ...]:
-        return (self.a_dim,) if self.a_is_diagonal else stored_shape(self.a_dim, self.factor_block_size)
+    def _zero_factors(self, a_name: str, g_name: str) -> None:
+        """New ``matrix_a_cov``/``matrix_g_cov`` Parameters of zeros in the shapes ``factor_block_size`` gives."""
+        a_shape = (self.a_dim,) if self.a_is_diagonal else stored_shape(self.a_dim, self.factor_block_size)
+        self.matrix_a_cov = Parameter(Tensor(np.zeros(a_shape, np.float32)), name=a_name, requires_grad=False)
+        self.matrix_g_cov = Parameter(Tensor(np.zeros(stored_shape(self.g_dim, self.factor_block_size), np.float32)),
+                                      name=g_name, requires_grad=False)
 
     def set_factor_block_size(self, block_size: Optional[int]) -> None:
         """Store (and compute) the factors in diagonal blocks of width ``block_size`` (None: whole).
@@ -98,9 +99,7 @@ class ThorLayer(nn.Cell):
             return
         self.factor_block_size = block_size
         self.own_factor_tap().block_size = block_size
-        for name, shape in (("matrix_a_cov", self._a_shape()), ("matrix_g_cov", stored_shape(self.g_dim, block_size))):
-            setattr(self, name, Parameter(Tensor(np.zeros(shape, np.float32)), name=getattr(self, name).name,
-                                          requires_grad=False))
+        self._zero_factors(self.matrix_a_cov.name, self.matrix_g_cov.name)
 
     def own_factor_tap(self) -> nn.Cell:
         """``factor_tap``, first copied if ``thor()`` shares it with other layers (``taps.share_factor_taps``),

@@ -85,8 +85,8 @@ class ScheduleGuard(nn.Cell):
         return step
 
 
-def share_factor_taps(layers: Sequence[nn.Cell]) -> int:
-    """Give the THOR layers whose taps have equal ``sharing_key`` one tap Cell; return how many taps remain.
+def share_factor_taps(layers: Sequence[nn.Cell]) -> None:
+    """Give the THOR layers whose taps have equal ``sharing_key`` one tap Cell.
 
     Why: compiling expands each Cell's custom ``bprop`` in its own pass over the whole graph
     (MindSpore's ``meta_fg_expand``, one ``resolve`` each), so one tap per layer made that part of the
@@ -99,7 +99,6 @@ def share_factor_taps(layers: Sequence[nn.Cell]) -> int:
         tap = taps.setdefault(layer.factor_tap.sharing_key(), layer.factor_tap)
         tap.shared = tap.shared or tap is not layer.factor_tap
         layer.factor_tap = tap
-    return len(taps)
 
 
 _ID_TYPES = mstype.int_type + mstype.uint_type

@@ -90,4 +90,3 @@ def _write_flag_tensor(value, flag):
     """A layer's ``thor_flag`` <- ``value``: one ``hyper_map`` over the layers' flags at the end of the step (an
     unrolled loop of assignments kept 11 MiB more of compiled graph at ResNet-50)."""
     return ops.assign(flag, value)
-
