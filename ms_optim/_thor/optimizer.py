@@ -370,7 +370,9 @@ class ThorOptimizer(Optimizer):
         refreshed = self.zero_step
         if ops.all(ops.equal(ops.floor_mod(step, self.frequency_tensor), self.zero_step)):
             refreshed = self._refresh_inverses(gradients, lam)
-        gradients = F.depend(gradients, refreshed)
+        # The updates follow the THOR branch through its side effects (the stores of the inverses): every read
+        # of a parameter after it is ordered after it. One depend on its token, not one per gradient.
+        lam = F.depend(lam, refreshed)
         if self.sequential_update:  # the same rules, one parameter at a time (ms_optim._thor.update)
             update = (self.opt, self.momentum, self.get_lr(),
                       self.weight_decay_tensor if self.apply_weight_decay else None)

@@ -73,11 +73,11 @@ def _sequential_step_tensor(update, precondition, treatment, decay, gradient, we
 
     ``update = (opt, momentum, learning_rate, weight_decay or None)``; ``precondition = (kernel, lam,
     batch_size)`` (``precondition_parameter``'s leading arguments); ``g_inv``/``a_inv``: the parameter's
-    layer's stored inverses. The gradient is read after this
-    parameter's moment, whose read is ordered after the previous parameter's momentum step (the steps
-    are side effects, run in parameter order), so one preconditioned gradient is alive at a time.
+    layer's stored inverses. The momentum steps are side effects, run in parameter order, and each
+    parameter's reads of its inverses (or of its weight, for the decay) are ordered after the previous
+    step, so one preconditioned gradient is alive at a time. (A depend of the gradient on the moment
+    Parameter itself ordered nothing: a Parameter is no node of the execution order.)
     """
-    gradient = F.depend(gradient, moment)
     gradient = pc.precondition_parameter(precondition[0], precondition[1], precondition[2], treatment, gradient, g_inv,
                                          a_inv)
     if update[3] is not None:
