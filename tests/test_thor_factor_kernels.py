@@ -174,3 +174,16 @@ def test_precondition_is_g_inverse_grad_a_inverse(mode, rng, kernels, rows, cols
     composite = precondition_matrix(Tensor(grad), Tensor(g_inv), Tensor(a_inv), (rows, *g_inv.shape[:2]),
                                     (cols, *a_inv.shape[:2])).asnumpy()
     _close(got, composite)
+
+
+def test_precondition_reads_a_conv_gradient_as_its_matrix(mode, rng, kernels):
+    """A conv kernel's gradient (out, in, kh, kw) is preconditioned as its (out, in*kh*kw) matrix, bit for bit,
+    and keeps its shape (the optimizer passes it without reshapes)."""
+    grad = rng.standard_normal((10, 3, 3, 2)).astype(np.float32)
+    g_inv, a_inv = _blocks(rng, 10, 4), _blocks(rng, 18, 5)
+    got = _Precondition(kernels[3])(Tensor(grad), Tensor(g_inv), Tensor(a_inv)).asnumpy()
+    matrix = _Precondition(kernels[3])(Tensor(grad.reshape(10, 18)), Tensor(g_inv), Tensor(a_inv)).asnumpy()
+    assert got.shape == grad.shape
+    np.testing.assert_array_equal(got.reshape(10, 18), matrix)
+    want = _block_diagonal(g_inv, 10) @ grad.reshape(10, 18).astype(np.float64) @ _block_diagonal(a_inv, 18)
+    _close(got.reshape(10, 18), want)

@@ -174,9 +174,12 @@ extern "C" int MsOptimIdCounts(int nparam, void **params, int *ndims, int64_t **
 // not read: the padded rows and columns of g would be zero); output (out, k) float32.
 extern "C" int MsOptimBlockPrecondition(int nparam, void **params, int *ndims, int64_t **shapes,
                                         const char **dtypes, void * /*stream*/, void * /*extra*/) {
-  if (nparam != 4 || ndims[0] != 2 || ndims[1] != 3 || ndims[2] != 3 || g_sgemm == nullptr) return 1;
+  if (nparam != 4 || ndims[0] < 2 || ndims[1] != 3 || ndims[2] != 3 || g_sgemm == nullptr) return 1;
   if (!Is(dtypes[0], "float32") || !Is(dtypes[1], "float32") || !Is(dtypes[2], "float32")) return 1;
-  const int64_t rows = shapes[0][0], cols = shapes[0][1];
+  // g is read as rows x cols, its first axis against the others (a conv kernel out x (in*kh*kw)), row-major
+  const int64_t rows = shapes[0][0];
+  int64_t cols = 1;
+  for (int d = 1; d < ndims[0]; ++d) cols *= shapes[0][d];
   const int64_t ng = shapes[1][0], bg = shapes[1][1], na = shapes[2][0], ba = shapes[2][1];
   if (ng * bg < rows || na * ba < cols) return 1;
   const float *g = static_cast<const float *>(params[0]);
