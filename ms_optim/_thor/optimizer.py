@@ -371,7 +371,9 @@ class ThorOptimizer(Optimizer):
         if ops.all(ops.equal(ops.floor_mod(step, self.frequency_tensor), self.zero_step)):
             refreshed = self._refresh_inverses(gradients, lam)
         # The updates follow the THOR branch through its side effects (the stores of the inverses): every read
-        # of a parameter after it is ordered after it. One depend on its token, not one per gradient.
+        # of a parameter after it is ordered after it. Its token is still read once, on one scalar (a depend on the
+        # gradient tuple is one Depend per gradient): a branch whose result nothing reads makes MindSpore compile
+        # the rest of the step into both branches (ResNet-50: the update twice, 1775 and 1445 nodes).
         lam = F.depend(lam, refreshed)
         if self.sequential_update:  # the same rules, one parameter at a time (ms_optim._thor.update)
             update = (self.opt, self.momentum, self.get_lr(),

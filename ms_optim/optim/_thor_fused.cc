@@ -169,14 +169,14 @@ extern "C" int MsOptimIdCounts(int nparam, void **params, int *ndims, int64_t **
   return Finish(params, counts, out);
 }
 
-// THOR's preconditioned gradient G^-1 g A^-1 of a Dense or conv weight gradient g (out, k) float32, with the
-// inverses stored as diagonal blocks g_inv (ng, bg, bg) and a_inv (na, ba, ba) (the last block's padding is
-// not read: the padded rows and columns of g would be zero); output (out, k) float32.
+// THOR's preconditioned gradient G^-1 g A^-1 of a Dense or conv weight gradient g (out, ...) float32, read as
+// the (out, k) matrix of its first axis against the others (a conv kernel: k = in*kh*kw), with the inverses
+// stored as diagonal blocks g_inv (ng, bg, bg) and a_inv (na, ba, ba) (the last block's padding is not read: the
+// padded rows and columns of g would be zero); output float32 in g's shape.
 extern "C" int MsOptimBlockPrecondition(int nparam, void **params, int *ndims, int64_t **shapes,
                                         const char **dtypes, void * /*stream*/, void * /*extra*/) {
   if (nparam != 4 || ndims[0] < 2 || ndims[1] != 3 || ndims[2] != 3 || g_sgemm == nullptr) return 1;
   if (!Is(dtypes[0], "float32") || !Is(dtypes[1], "float32") || !Is(dtypes[2], "float32")) return 1;
-  // g is read as rows x cols, its first axis against the others (a conv kernel out x (in*kh*kw)), row-major
   const int64_t rows = shapes[0][0];
   int64_t cols = 1;
   for (int d = 1; d < ndims[0]; ++d) cols *= shapes[0][d];
