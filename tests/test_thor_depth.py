@@ -22,13 +22,14 @@ by one batched ``MatrixInverse`` per block width, in chunks. Both are checked he
 from types import SimpleNamespace
 from typing import Dict
 
+import mindspore as ms
 import numpy as np
 import pytest
 from mindspore import Tensor, nn
 from reference import thor_factors as tf
 from reference.thor_ref import ThorReference, softmax_xent
 
-from ms_optim._thor import grouped
+from ms_optim._thor import grouped, taps
 from ms_optim._thor.factory import thor
 
 RTOL = 1e-3
@@ -234,6 +235,28 @@ def test_shared_taps_are_bit_for_bit_private_taps(mode, rng, path):
     run = _train_repeated(False, values, batches)
     _assert_same_run(run, _train_repeated(False, values, batches, private_taps=True))
     assert not np.allclose(run[2][1][0], np.eye(128))  # refreshed
+
+
+def _always_branch(x, dout):  # pylint: disable=unused-argument
+    return False
+
+
+def test_branch_free_taps_are_bit_for_bit_branched(rng, monkeypatch):
+    """GRAPH mode, fused ops, float32: the taps without their ``if flag`` branch (decided when the graph is
+    compiled) give every loss, parameter and inverse of the taps with it, over THOR and other steps."""
+    ms.set_context(mode=ms.GRAPH_MODE, device_target="CPU")
+    monkeypatch.setenv("MS_OPTIM_FUSED", "1")
+    try:
+        assert taps._branch_free(Tensor(np.zeros(2, np.float32)), Tensor(np.zeros(2, np.float32)))
+        assert not taps._branch_free(Tensor(np.zeros(2, np.float16)), Tensor(np.zeros(2, np.float32)))
+        assert not taps._branch_free(Tensor(np.zeros(2, np.float32)), Tensor(np.zeros(2, np.float16)))
+        values, batches = _repeated_case(rng)
+        run = _train_repeated(False, values, batches)
+        monkeypatch.setattr(taps, "_branch_free", _always_branch)
+        _assert_same_run(run, _train_repeated(False, values, batches))
+        assert not np.allclose(run[2][1][0], np.eye(128))  # refreshed
+    finally:
+        ms.set_context(mode=ms.PYNATIVE_MODE)
 
 
 def test_a_layer_setting_copies_its_shared_tap():
