@@ -1,9 +1,13 @@
 """THOR at depth: build + compile time, memory and step times of THOR against Momentum, per net.
 
 Every (net, optimizer) pair runs in its own child process (GRAPH_MODE, CPU), the baseline (MindSpore's
-``nn.Momentum``) in the same run as THOR. A child builds the net on generated data (ResNets of
-model_zoo/resnet, 1001 classes, at ``--image`` pixels; a BERT-base-size encoder of model_zoo/bert:
-12 layers, hidden 768, masked-LM head), the optimizer and ``nn.TrainOneStepCell``, compiles it, calls
+``nn.Momentum``) in the same run as THOR; with ``--repeats N`` each child runs N times, Momentum and THOR
+alternating, and each figure is the median of its runs (this machine's speed drifts by tens of percent
+over minutes: one run each compares two moments, not two optimizers).
+
+A child builds the net on generated data (ResNets of model_zoo/resnet, 1001 classes, at ``--image``
+pixels; a BERT-base-size encoder of model_zoo/bert: 12 layers, hidden 768, masked-LM head), the optimizer
+and ``nn.TrainOneStepCell``, compiles it, calls
 ``ms_optim.release_freed_memory()`` (what ``ModelThor`` does after compiling; for both optimizers) and
 trains ``--steps`` steps. THOR runs with ``frequency=2``: steps 0, 2, 4 are THOR steps.
 
@@ -23,6 +27,7 @@ THOR layers (the plot: overhead against layers).
 
     python benchmarks/bench_compile.py                                # resnet18/34/50/101 and bert-base
     python benchmarks/bench_compile.py --nets resnet50 --batch 8      # one net
+    python benchmarks/bench_compile.py --repeats 3                    # each child 3 times, alternating: medians
     python benchmarks/bench_compile.py --quick                        # smoke run: resnet18 width 4, tiny BERT
 Writes ``benchmarks/results/bench_compile[_quick].json`` and ``.png``.
 """
@@ -167,11 +172,33 @@ def run_child(net: str, optimizer: str, args: argparse.Namespace) -> Dict:
     return record
 
 
+#: figures of a child taken as their median over ``--repeats`` runs
+_MEDIAN_KEYS = ("build_s", "compile_s", "build_compile_s", "compile_cpu_s", "rss_after_compile_gb", "peak_rss_gb",
+                "thor_step_ms", "non_thor_step_ms", "step_ms_median")
+
+
+def _median_record(records: List[Dict]) -> Dict:
+    """One child's record from ``records`` (runs of the same child): each figure's median, every run's
+    build+compile seconds under ``runs_build_compile_s``, the other fields from the first run."""
+    if any(r["failed"] for r in records):
+        return next(r for r in records if r["failed"])
+    merged = dict(records[0])
+    for key in _MEDIAN_KEYS:
+        if key in merged:
+            merged[key] = statistics.median(r[key] for r in records)
+    merged["runs_build_compile_s"] = [r["build_compile_s"] for r in records]
+    return merged
+
+
 def run_net(net: str, args: argparse.Namespace) -> Dict:
-    """Momentum then THOR, and the ratios."""
+    """Momentum then THOR, ``--repeats`` times alternating, and the ratios of their medians."""
     result: Dict = {"net": net}
-    for optimizer in ("momentum", "thor"):
-        result[optimizer] = run_child(net, optimizer, args)
+    runs: Dict[str, List[Dict]] = {"momentum": [], "thor": []}
+    for _ in range(args.repeats):
+        for optimizer in ("momentum", "thor"):
+            runs[optimizer].append(run_child(net, optimizer, args))
+    for optimizer, records in runs.items():
+        result[optimizer] = _median_record(records)
     mom, th = result["momentum"], result["thor"]
     if mom["failed"] or th["failed"]:
         print(f"{net}: a child failed", flush=True)
@@ -238,6 +265,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     parser.add_argument("--seq-length", type=int, default=32, help="BERT sequence length (default 32)")
     parser.add_argument("--vocab", type=int, default=30522, help="BERT vocabulary size (default 30522)")
     parser.add_argument("--steps", type=int, default=5, help="training steps per process (default 5)")
+    parser.add_argument("--repeats", type=int, default=1,
+                        help="runs of each child, Momentum and THOR alternating; medians reported (default 1)")
     parser.add_argument("--timeout", type=float, default=1800, help="seconds one child may take (default 1800)")
     parser.add_argument("--quick", action="store_true", help="smoke run: ResNet-18 width 4 and a tiny BERT")
     parser.add_argument("--out", default=None, help="JSON path (default benchmarks/results/bench_compile[_quick].json)")
@@ -254,8 +283,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     out = args.out or os.path.join(RESULTS_DIR, stem + ".json")
     results = [run_net(net.strip(), args) for net in args.nets.split(",") if net.strip()]
     payload = {"benchmark": "bench_compile", "batch": args.batch, "image": args.image, "seq_length": args.seq_length,
-               "vocab": args.vocab, "steps": args.steps, "frequency": FREQUENCY, "quick": args.quick,
-               "targets": TARGETS, "results": results}
+               "vocab": args.vocab, "steps": args.steps, "repeats": args.repeats, "frequency": FREQUENCY,
+               "quick": args.quick, "targets": TARGETS, "results": results}
     write_json(out, payload)
     png = plot(os.path.splitext(out)[0] + ".png", results)
     print(f"wrote {out} and {png}")
