@@ -137,7 +137,7 @@ class RepeatedConvNet(nn.Cell):
 
 
 def _train_repeated(per_layer: bool, seed_values, batches, groups: int = 4, staged: bool = False,
-                    private_taps: bool = False):
+                    private_taps: bool = False, with_factors: bool = False):
     net = RepeatedConvNet()
     for p, value in zip(net.trainable_params(), seed_values):
         p.set_data(Tensor(value))
@@ -161,7 +161,10 @@ def _train_repeated(per_layer: bool, seed_values, batches, groups: int = 4, stag
     cell = _train_cell(net, opt, sens=64.0)
     losses = [float(cell(Tensor(x), Tensor(y)).asnumpy()) for x, y in batches]
     inverses = [p.asnumpy() for p in list(opt.matrix_a_inv) + list(opt.matrix_g_inv)]
-    return losses, _params(net), inverses
+    params = _params(net)
+    if with_factors:  # the stored factors too: a non-THOR step leaves the last THOR step's
+        params.update({p.name: p.asnumpy().astype(np.float64) for p in net.get_parameters() if p.name.endswith("_cov")})
+    return losses, params, inverses
 
 
 def _assert_same_run(run, want_run):
@@ -225,15 +228,15 @@ def test_chunked_inversion_is_bit_for_bit_one_inversion(mode, rng, monkeypatch, 
 
 def test_sequential_update_is_bit_for_bit_staged(mode, rng, path):
     values, batches = _repeated_case(rng)
-    run = _train_repeated(False, values, batches)
-    _assert_same_run(run, _train_repeated(False, values, batches, staged=True))
+    run = _train_repeated(False, values, batches, with_factors=True)
+    _assert_same_run(run, _train_repeated(False, values, batches, staged=True, with_factors=True))
     assert not np.allclose(run[1]["convs.0.weight"], values[2])  # trained
 
 
 def test_shared_taps_are_bit_for_bit_private_taps(mode, rng, path):
     values, batches = _repeated_case(rng)
-    run = _train_repeated(False, values, batches)
-    _assert_same_run(run, _train_repeated(False, values, batches, private_taps=True))
+    run = _train_repeated(False, values, batches, with_factors=True)
+    _assert_same_run(run, _train_repeated(False, values, batches, private_taps=True, with_factors=True))
     assert not np.allclose(run[2][1][0], np.eye(128))  # refreshed
 
 
@@ -251,9 +254,10 @@ def test_branch_free_taps_are_bit_for_bit_branched(rng, monkeypatch):
         assert not taps._branch_free(Tensor(np.zeros(2, np.float16)), Tensor(np.zeros(2, np.float32)))
         assert not taps._branch_free(Tensor(np.zeros(2, np.float32)), Tensor(np.zeros(2, np.float16)))
         values, batches = _repeated_case(rng)
-        run = _train_repeated(False, values, batches)
+        run = _train_repeated(False, values, batches, with_factors=True)
+        assert "convs.0.matrix_a_cov" in run[1]
         monkeypatch.setattr(taps, "_branch_free", _always_branch)
-        _assert_same_run(run, _train_repeated(False, values, batches))
+        _assert_same_run(run, _train_repeated(False, values, batches, with_factors=True))
         assert not np.allclose(run[2][1][0], np.eye(128))  # refreshed
     finally:
         ms.set_context(mode=ms.PYNATIVE_MODE)
