@@ -15,17 +15,17 @@ them, Momentum 8 s) and 0.3 GiB of its resident set. Here each factor is one ``o
 * ``MsOptimIdCounts(factor, ids, flag, plan)``: ``scale * counts`` of the ids in ``[0, vocab_size)`` (an
   Embedding's A).
 
-Each also reads the layer's ``thor_flag`` and does nothing while it is False (the tap still calls it
-inside its ``if thor_flag`` branch: see ``taps.py``); it writes the factor only when every value is
-finite (the previous one is kept, as the composite tap does) and returns ``[1.0]`` when it wrote, else
-``[0.0]``. ``plan`` is a float64 constant with the scale and, for the patches, the conv geometry and
-the block layout (``factors.conv_output_geometry``, ``factors.factor_blocks``). float16 inputs (amp)
-are read as they are, and the sums are float32 as in the composite tap. A fourth op,
-``MsOptimBlockPrecondition(g, g_inv, a_inv)``, is a Dense or conv gradient's ``G^-1 g A^-1`` with the
-stored block inverses (``preconditioner.precondition_parameter``), and a fifth,
-``MsOptimBlockInverse(inverse, factor, lam, scale, plan)``, a factor's damped, checked inversion, written in
-place (``grouped.py``); ``MsOptimBlockInverseOut(factor, lam, scale, plan) -> (inverse, ok)`` is the same
-as a pure op for the layer-by-layer inversion (``slot.py``).
+Each also reads the layer's ``thor_flag`` and does nothing while it is False (so a float32 tap calls it
+without a branch; a float16 tap, inside its ``if thor_flag`` branch: see ``taps.py``); it writes the factor
+only when every value is finite (the previous one is kept, as the composite tap does) and returns ``[1.0]``
+when it wrote, else ``[0.0]``. ``plan`` is a float64 constant with the scale and, for the patches, the conv
+geometry and the block layout (``factors.conv_output_geometry``, ``factors.factor_blocks``). float16 inputs
+(amp) are read as they are, and the sums are float32 as in the composite tap. A fourth op,
+``MsOptimBlockPrecondition(g, g_inv, a_inv)``, is a Dense or conv gradient's ``G^-1 g A^-1`` with the stored
+block inverses (``preconditioner.precondition_parameter``), and a fifth, ``MsOptimBlockInverse(inverse,
+factor, lam, scale, plan)``, a factor's damped, checked inversion, written in place (``grouped.py``);
+``MsOptimBlockInverseOut(factor, lam, scale, plan) -> (inverse, ok)`` is the same as a pure op for the
+layer-by-layer inversion (``slot.py``).
 
 The products are oneDNN's ``dnnl_sgemm`` from MindSpore's own ``lib/libdnnl.so.3`` (the library
 MindSpore's CPU kernels use), bound once per process through ``MsOptimSetSgemm``. The kernels are used

@@ -216,14 +216,13 @@ class _FactorTap(nn.Cell):
 
     def bprop(self, s, x, flag, a_cov, g_cov, out, dout):
         kernels = self.kernels
-        if kernels is not None and self.schedule_guard is None and _branch_free(x, dout):
+        guard = self.schedule_guard
+        if kernels is not None and guard is None and _branch_free(x, dout):
             # decided when the graph is compiled: no branch, the ops skip their work while the flag is False
             dout = self._store_fused(kernels, x, dout, flag, a_cov, g_cov)
         elif flag:
-            guard = self.schedule_guard
             if guard is not None:  # PYNATIVE: the optimizer refuses this step only after the backward pass
                 dout = ops.depend(dout, guard())
-            kernels = self.kernels
             if kernels is not None:  # one op per factor (each also reads the flag)
                 dout = self._store_fused(kernels, x, dout, flag, a_cov, g_cov)
             else:
