@@ -22,7 +22,6 @@ by one batched ``MatrixInverse`` per block width, in chunks. Both are checked he
 from types import SimpleNamespace
 from typing import Dict
 
-import mindspore as ms
 import numpy as np
 import pytest
 from mindspore import Tensor, nn
@@ -76,8 +75,10 @@ class DeepMLPRef:
         return loss, grads, factors
 
 
-def _params(net):
-    return {p.name: p.asnumpy().astype(np.float64) for p in net.trainable_params()}
+def _params(net, with_factors: bool = False):
+    """The trainable parameters as float64 (``with_factors``: the stored ``*_cov`` factors too)."""
+    return {p.name: p.asnumpy().astype(np.float64) for p in net.get_parameters()
+            if p.requires_grad or (with_factors and p.name.endswith("_cov"))}
 
 
 def _train_cell(net, opt, sens=None):
@@ -161,14 +162,13 @@ def _train_repeated(per_layer: bool, seed_values, batches, groups: int = 4, stag
     cell = _train_cell(net, opt, sens=64.0)
     losses = [float(cell(Tensor(x), Tensor(y)).asnumpy()) for x, y in batches]
     inverses = [p.asnumpy() for p in list(opt.matrix_a_inv) + list(opt.matrix_g_inv)]
-    params = _params(net)
-    if with_factors:  # the stored factors too: a non-THOR step leaves the last THOR step's
-        params.update({p.name: p.asnumpy().astype(np.float64) for p in net.get_parameters() if p.name.endswith("_cov")})
-    return losses, params, inverses
+    # with_factors: the stored factors too (a tap that ignored its flag would rewrite them on a non-THOR step)
+    return losses, _params(net, with_factors), inverses
 
 
 def _assert_same_run(run, want_run):
-    """Two runs of ``_train_repeated``: every loss, parameter and inverse bit for bit."""
+    """Two runs of ``_train_repeated``: every loss, parameter (and stored factor, when kept) and inverse bit
+    for bit."""
     (losses, params, inverses), (want_losses, want_params, want_inverses) = run, want_run
     assert losses == want_losses
     assert set(params) == set(want_params)
@@ -244,23 +244,21 @@ def _always_branch(x, dout):  # pylint: disable=unused-argument
     return False
 
 
-def test_branch_free_taps_are_bit_for_bit_branched(rng, monkeypatch):
+@pytest.mark.parametrize("mode", ["graph"], indirect=True)
+@pytest.mark.parametrize("path", ["fused"], indirect=True)
+def test_branch_free_taps_are_bit_for_bit_branched(mode, path, rng, monkeypatch):
     """GRAPH mode, fused ops, float32: the taps without their ``if flag`` branch (decided when the graph is
-    compiled) give every loss, parameter and inverse of the taps with it, over THOR and other steps."""
-    ms.set_context(mode=ms.GRAPH_MODE, device_target="CPU")
-    monkeypatch.setenv("MS_OPTIM_FUSED", "1")
-    try:
-        assert taps._branch_free(Tensor(np.zeros(2, np.float32)), Tensor(np.zeros(2, np.float32)))
-        assert not taps._branch_free(Tensor(np.zeros(2, np.float16)), Tensor(np.zeros(2, np.float32)))
-        assert not taps._branch_free(Tensor(np.zeros(2, np.float32)), Tensor(np.zeros(2, np.float16)))
-        values, batches = _repeated_case(rng)
-        run = _train_repeated(False, values, batches, with_factors=True)
-        assert "convs.0.matrix_a_cov" in run[1]
-        monkeypatch.setattr(taps, "_branch_free", _always_branch)
-        _assert_same_run(run, _train_repeated(False, values, batches, with_factors=True))
-        assert not np.allclose(run[2][1][0], np.eye(128))  # refreshed
-    finally:
-        ms.set_context(mode=ms.PYNATIVE_MODE)
+    compiled) give every loss, parameter, stored factor and inverse of the taps with it, over THOR and
+    other steps."""
+    assert taps._branch_free(Tensor(np.zeros(2, np.float32)), Tensor(np.zeros(2, np.float32)))
+    assert not taps._branch_free(Tensor(np.zeros(2, np.float16)), Tensor(np.zeros(2, np.float32)))
+    assert not taps._branch_free(Tensor(np.zeros(2, np.float32)), Tensor(np.zeros(2, np.float16)))
+    values, batches = _repeated_case(rng)
+    run = _train_repeated(False, values, batches, with_factors=True)
+    assert "convs.0.matrix_a_cov" in run[1]
+    monkeypatch.setattr(taps, "_branch_free", _always_branch)
+    _assert_same_run(run, _train_repeated(False, values, batches, with_factors=True))
+    assert not np.allclose(run[2][1][0], np.eye(128))  # refreshed
 
 
 def test_a_layer_setting_copies_its_shared_tap():
