@@ -261,6 +261,22 @@ def test_branch_free_taps_are_bit_for_bit_branched(mode, path, rng, monkeypatch)
     assert not np.allclose(run[2][1][0], np.eye(128))  # refreshed
 
 
+def test_tap_factor_pass_is_chosen_when_parsed(mode, path):
+    """The taps' bprop holds one way of computing the factors, chosen in Python when the graph is parsed (a
+    constant ``if`` in the bprop would still be expanded at every call site): the fused pass in GRAPH mode with
+    the fused ops; the flagged pass (schedule guard, fused or composite ops under ``if flag``) otherwise."""
+    net = RepeatedConvNet()
+    steps = np.ones(3, np.float32)  # per-step lists: PYNATIVE taps get the schedule guard
+    opt = thor(net, Tensor(0.01 * steps), Tensor(0.1 * steps), 0.9, batch_size=4)
+    fused_graph = mode == "graph" and path == "fused"
+    for layer in opt.thor_cells:
+        tap = layer.factor_tap
+        assert (tap.schedule_guard is None) == (mode == "graph")
+        assert (tap.kernels is not None) == (path == "fused")
+        chosen = tap.factor_pass.__func__
+        assert chosen is (taps._FactorTap._fused_pass if fused_graph else taps._FactorTap._flagged_pass)
+
+
 def test_a_layer_setting_copies_its_shared_tap():
     net = RepeatedConvNet()
     lr, damping = Tensor(np.array(0.01, np.float32)), Tensor(np.array(0.1, np.float32))

@@ -22,7 +22,8 @@ backward kernel graph those casts, which read nothing but graph inputs, can all 
 ResNet trainer's batch-8 peak went from 3.18 to 3.58 GiB, and the rounding of ``dL/ds`` to float16
 was folded away); the branches' kernel graphs keep each cast next to its conv. The composite taps made
 THOR's compile time and compiled memory grow by a dozen nodes per factor (``factor_kernels`` gives the
-figures).
+figures). Which way a tap's bprop holds is chosen when the graph is parsed (``_FactorTap.factor_pass``), not
+by an ``if`` in it: MindSpore expands every branch of a custom bprop at each call site, constant or not.
 
 One tap for many layers. A tap keeps no state of its layer (the layer passes its flag and factors in),
 so ``thor()`` gives the layers whose taps compute alike one tap Cell (:func:`share_factor_taps`): compiling
@@ -144,6 +145,9 @@ class _FactorTap(nn.Cell):
         self.block_size = None  # the layer's factor block width (``ThorLayer.set_factor_block_size``)
         self.__dict__["_schedule_guard"] = None  # see the schedule_guard property
         self.shared = False  # share_factor_taps gave this tap to several layers
+        # factor_pass hands out one of these: bound methods made once and kept (MindSpore caches what it parsed by
+        # the object's id, and a bound method made per access can take the id of one it parsed before)
+        self.__dict__["_passes"] = (self._fused_pass, self._flagged_pass)
 
     @property
     def schedule_guard(self):
@@ -214,13 +218,31 @@ class _FactorTap(nn.Cell):
         written_g = self._g_fused(kernels, g_cov, _kernel_input(dout), flag)
         return ops.depend(ops.depend(dout, written_a), written_g)
 
-    def bprop(self, s, x, flag, a_cov, g_cov, out, dout):
+    @property
+    def factor_pass(self):
+        """The bprop's factor work, chosen when the graph is parsed (like ``kernels``): :meth:`_fused_pass` with the
+        fused ops and no guard (GRAPH mode on CPU), else :meth:`_flagged_pass`. Chosen here rather than by an ``if``
+        in the bprop: MindSpore parses and expands every branch of a bprop at each of its call sites, even one whose
+        condition is a constant, and the composite branch made ResNet-50's compile 0.3 s (of 6.5) slower and its
+        compiled step 42 MiB larger."""
+        return self.__dict__["_passes"][0 if self.kernels is not None and self.schedule_guard is None else 1]
+
+    def _fused_pass(self, x, dout, flag, a_cov, g_cov):
+        """Both factors by the fused ops; without a branch where :func:`_branch_free` allows (decided when the graph
+        is compiled: the ops skip their work while the flag is False), else under ``if flag``."""
         kernels = self.kernels
-        guard = self.schedule_guard
-        if kernels is not None and guard is None and _branch_free(x, dout):
-            # decided when the graph is compiled: no branch, the ops skip their work while the flag is False
+        if _branch_free(x, dout):
             dout = self._store_fused(kernels, x, dout, flag, a_cov, g_cov)
         elif flag:
+            dout = self._store_fused(kernels, x, dout, flag, a_cov, g_cov)
+        return dout
+
+    def _flagged_pass(self, x, dout, flag, a_cov, g_cov):
+        """Both factors under ``if flag``: first the schedule guard (PYNATIVE), then the fused ops or the composite
+        ones (stored where finite)."""
+        kernels = self.kernels
+        guard = self.schedule_guard
+        if flag:
             if guard is not None:  # PYNATIVE: the optimizer refuses this step only after the backward pass
                 dout = ops.depend(dout, guard())
             if kernels is not None:  # one op per factor (each also reads the flag)
@@ -232,6 +254,10 @@ class _FactorTap(nn.Cell):
                 g_new = keep_if(ops.isfinite(g_new).all(), g_new, g_cov)
                 dout = ops.depend(dout, ops.assign(a_cov, a_new))
                 dout = ops.depend(dout, ops.assign(g_cov, g_new))
+        return dout
+
+    def bprop(self, s, x, flag, a_cov, g_cov, out, dout):
+        dout = self.factor_pass(x, dout, flag, a_cov, g_cov)
         # under amp the custom bprop sees the un-cast input s: hand its gradient back in s's dtype
         return (ops.cast(dout, s.dtype), ops.zeros_like(x), ops.zeros_like(flag), ops.zeros_like(a_cov),
                 ops.zeros_like(g_cov))
