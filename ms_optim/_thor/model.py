@@ -49,6 +49,7 @@ from mindspore.train.callback import RunContext
 from mindspore.train.loss_scale_manager import LossScaleManager
 from mindspore.train.model import Model
 
+from ms_optim._float16_add import float16_add_via_float32
 from ms_optim._memory import release_after_compile
 from ms_optim._thor.optimizer import ThorOptimizer
 from ms_optim._validation import check_bool, check_int, check_type, describe
@@ -113,7 +114,11 @@ class ModelThor(Model):
         return None
 
     def _build_train_network(self):
-        """The training cell (:meth:`_build_step_cell`), releasing its compilation's freed memory once compiled."""
+        """The training cell (:meth:`_build_step_cell`), releasing its compilation's freed memory once compiled.
+        On CPU, float16 ``+`` in the graph goes through float32 (``ms_optim._float16_add``: the same bits,
+        without the CPU ``Add`` kernel's per-element index arrays)."""
+        if context.get_context("device_target") == "CPU":
+            float16_add_via_float32()
         return release_after_compile(self._build_step_cell())
 
     def _build_step_cell(self):

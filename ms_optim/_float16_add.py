@@ -1,0 +1,58 @@
+"""Float16 ``x + y`` in graphs computed through float32: the same bits, without the CPU kernel's index arrays.
+
+Why. On CPU, MindSpore 2.10's ``Add`` kernel keeps, for float16 operands, two 64-bit index arrays with
+one entry per output element (16 bytes per element against the 2 of the float16 result), made when the
+kernel first runs and kept for the life of the process; for float32 it keeps none. In a float16 ResNet
+(amp "O2"/"O3", which model-zoo trainers give THOR) every residual ``out + identity`` is such an ``Add``:
+measured with MindSpore's official/cv/ResNet trainer (ResNet-50, 224x224, batch 8) 32 arrays, 674 MiB,
+allocated in the forward pass of the first step (found by tracing the process's large ``malloc`` calls).
+
+What. :func:`float16_add_via_float32` re-registers the graph meaning of ``+`` for two tensors so that,
+when both are float16 and of one static shape, the graph computes ``cast(cast(x, f32) + cast(y, f32),
+f16)``; every other pair keeps MindSpore's own ``+`` (``ms_optim`` calls it once; it applies to graphs
+compiled afterwards, GRAPH mode and ``ms.jit``; PYNATIVE's ``Tensor.__add__`` does not use it).
+
+Same numbers. The float32 sum of two float16 values rounded to float16 is the correctly rounded float16
+sum: float32 carries 24 bits, at least 2 * 11 + 2, which makes the double rounding of an addition
+innocuous, and overflow gives the same infinity. The gradient of ``+`` passes ``dL/d(x+y)`` to both
+operands; through the casts it goes float16 -> float32 -> float16, which is exact. Broadcasting pairs
+are left alone: their gradients reduce over the broadcast axes, and a float32 reduction can round
+differently from a float16 one.
+"""
+from __future__ import annotations
+
+from mindspore import dtype as mstype
+from mindspore import ops
+from mindspore.ops.composite.multitype_ops import add_impl
+
+__all__ = ["float16_add_via_float32", "restore_float16_add"]
+
+_MINDSPORE_ADD = add_impl._tensor_add_tensor  # pylint: disable=protected-access
+_STATE = {"installed": False}
+
+
+def _same_static_shape(x_shape, y_shape) -> bool:
+    """Whether two shapes are equal and fully known (read when the graph is compiled)."""
+    return x_shape == y_shape and -1 not in x_shape and -2 not in x_shape
+
+
+def _add_tensors(x, y):
+    """``x + y`` of two tensors; float16 pairs of one static shape through float32 (module docstring)."""
+    if x.dtype == mstype.float16 and y.dtype == mstype.float16 and _same_static_shape(x.shape, y.shape):
+        return ops.cast(_MINDSPORE_ADD(ops.cast(x, mstype.float32), ops.cast(y, mstype.float32)), mstype.float16)
+    return _MINDSPORE_ADD(x, y)
+
+
+def float16_add_via_float32() -> None:
+    """Make graphs compiled from now on add float16 tensors through float32 (same bits, see the module
+    docstring). Idempotent. ``ModelThor`` calls it on CPU before it builds its training cell."""
+    if not _STATE["installed"]:
+        add_impl.add.register("Tensor", "Tensor")(_add_tensors)
+        _STATE["installed"] = True
+
+
+def restore_float16_add() -> None:
+    """Give ``+`` of two tensors MindSpore's own meaning again (for graphs compiled from now on)."""
+    if _STATE["installed"]:
+        add_impl.add.register("Tensor", "Tensor")(_MINDSPORE_ADD)
+        _STATE["installed"] = False
