@@ -27,7 +27,9 @@ from mindspore.ops.composite.multitype_ops import add_impl
 
 __all__ = ["float16_add_via_float32", "restore_float16_add"]
 
-_MINDSPORE_ADD = add_impl._tensor_add_tensor  # pylint: disable=protected-access
+# MindSpore's graph function for ``Tensor + Tensor`` (None if a MindSpore version names it otherwise: then
+# nothing is re-registered)
+_MINDSPORE_ADD = getattr(add_impl, "_tensor_add_tensor", None)
 _STATE = {"installed": False}
 
 
@@ -46,7 +48,7 @@ def _add_tensors(x, y):
 def float16_add_via_float32() -> None:
     """Make graphs compiled from now on add float16 tensors through float32 (same bits, see the module
     docstring). Idempotent. ``ModelThor`` calls it on CPU before it builds its training cell."""
-    if not _STATE["installed"]:
+    if not _STATE["installed"] and _MINDSPORE_ADD is not None:
         add_impl.add.register("Tensor", "Tensor")(_add_tensors)
         _STATE["installed"] = True
 
