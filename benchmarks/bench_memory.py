@@ -24,7 +24,13 @@ largest resident set seen. Cases run one after the other, never two children at 
     python benchmarks/bench_memory.py                          # resnet50 at 224x224, batch 8 and 32, resnet18 batch 32
     python benchmarks/bench_memory.py --cases resnet50:8       # one case (NET:BATCH[:IMAGE])
     python benchmarks/bench_memory.py --quick                  # smoke run: tiny ResNet-18, 32x32
-Writes ``benchmarks/results/bench_memory[_quick].json`` and ``bench_memory[_quick].png``.
+    python benchmarks/bench_memory.py --cases resnet50:8 --float16 --float16-add mindspore   # then: float32
+Writes ``benchmarks/results/bench_memory[_quick][_float16[_add32]].json`` and the PNG of the same name.
+
+``--float16`` casts the net to float16 (``to_float``: what amp "O3" does, as the model-zoo ResNet trainer
+gives THOR); ``--float16-add float32`` has both children add float16 tensors through float32 first
+(``ms_optim.float16_add_via_float32``, which ``ModelThor`` applies on CPU; same bits), ``mindspore`` keeps
+MindSpore's float16 ``Add``, whose CPU kernel keeps 16 bytes of index arrays per element of each sum.
 """
 from __future__ import annotations
 
@@ -74,7 +80,13 @@ def child_main(args: argparse.Namespace) -> None:
 
     ms.set_context(mode=ms.GRAPH_MODE, device_target="CPU")
     ms.set_seed(0)
+    if args.float16_add == "float32":
+        from ms_optim import float16_add_via_float32
+
+        float16_add_via_float32()
     net = build_resnet(args.net, class_num=args.classes, width=args.width)
+    if args.float16:
+        net.to_float(ms.float16)
     rng = np.random.default_rng(0)
     x = Tensor(rng.normal(size=(args.batch, 3, args.image, args.image)).astype(np.float32))
     y = Tensor(rng.integers(0, args.classes, size=(args.batch,)).astype(np.int32))
@@ -132,6 +144,9 @@ def run_child(case: Dict, optimizer: str, args: argparse.Namespace) -> Dict:
            "--frequency", str(args.frequency), "--width", str(args.width), "--classes", str(args.classes)]
     if not args.release:
         cmd.append("--no-release")
+    if args.float16:
+        cmd.append("--float16")
+    cmd += ["--float16-add", args.float16_add]
     limit_kb = int(args.max_rss_gb * 1024 * 1024)
     start = time.perf_counter()
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -240,6 +255,10 @@ def main(argv: Optional[List[str]] = None) -> int:
     parser.add_argument("--no-release", dest="release", action="store_false",
                         help="do not return the compiler's freed memory to the system before the first step "
                              "(by default both optimizers do, as ModelThor does)")
+    parser.add_argument("--float16", action="store_true", help="cast the net to float16 (amp O3's to_float)")
+    parser.add_argument("--float16-add", choices=("mindspore", "float32"), default="mindspore",
+                        help="how both children add float16 tensors in the graph: MindSpore's Add (default) or "
+                             "through float32 (ms_optim.float16_add_via_float32, as ModelThor does on CPU)")
     parser.add_argument("--quick", action="store_true", help="smoke run: resnet18 width 8, 32x32, batch 4, 3 steps")
     parser.add_argument("--out", default=RESULTS_DIR, help="output folder for the JSON and PNG")
     # the child process
@@ -268,8 +287,10 @@ def main(argv: Optional[List[str]] = None) -> int:
     for case in cases:
         print(f"case {case}", flush=True)
         results.append(run_case(case, args))
-    stem = "bench_memory_quick" if args.quick else "bench_memory"
-    payload = {"targets": TARGETS, "release_freed_memory": args.release,
+    stem = ("bench_memory_quick" if args.quick else "bench_memory") + ("_float16" if args.float16 else "")
+    stem += "_add32" if args.float16_add == "float32" else ""
+    payload = {"targets": TARGETS, "release_freed_memory": args.release, "float16": args.float16,
+               "float16_add": args.float16_add,
                "steps": args.steps, "frequency": args.frequency, "width": args.width,
                "classes": args.classes, "max_rss_gb": args.max_rss_gb, "cases": results}
     json_path = write_json(os.path.join(args.out, stem + ".json"), payload)

@@ -31,10 +31,20 @@ def test_bench_memory_quick_writes_results(tmp_path):
     assert (tmp_path / "bench_memory_quick.png").stat().st_size > 0
 
 
+def test_bench_memory_quick_float16_through_float32(tmp_path):
+    cmd = [sys.executable, os.path.join(ROOT, "benchmarks", "bench_memory.py"), "--quick", "--float16",
+           "--float16-add", "float32", "--out", str(tmp_path)]
+    run = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    result = json.loads((tmp_path / "bench_memory_quick_float16_add32.json").read_text())
+    assert result["float16"] is True and result["float16_add"] == "float32"
+    assert all(not result["cases"][0][name]["failed"] for name in ("momentum", "thor"))
+
+
 def test_bench_memory_help_and_bad_case():
     script = os.path.join(ROOT, "benchmarks", "bench_memory.py")
     run = subprocess.run([sys.executable, script, "--help"], capture_output=True, text=True, timeout=120)
     assert run.returncode == 0 and "--cases" in run.stdout and "--max-rss-gb" in run.stdout
-    assert "--no-release" in run.stdout
+    assert "--no-release" in run.stdout and "--float16-add" in run.stdout
     run = subprocess.run([sys.executable, script, "--cases", "resnet50"], capture_output=True, text=True, timeout=120)
     assert run.returncode != 0 and "NET:BATCH" in run.stderr
