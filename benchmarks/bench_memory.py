@@ -210,7 +210,7 @@ def run_case(case: Dict, args: argparse.Namespace) -> Dict:
     return result
 
 
-def plot(path: str, results: List[Dict]) -> str:
+def plot(path: str, results: List[Dict], note: str = "") -> str:
     """Grouped bars: peak RSS of Momentum and THOR per case (a killed run drawn at its last RSS, hatched)."""
     import matplotlib
     matplotlib.use("Agg")
@@ -227,14 +227,14 @@ def plot(path: str, results: List[Dict]) -> str:
             value = rec.get("peak_rss_gb", rec.get("max_rss_seen_gb", 0.0))
             bar = ax.bar(i + (k - 0.5) * width, value, width, color=color, hatch="//" if rec["failed"] else None,
                          label=optimizer if i == 0 else None)[0]
-            ax.annotate(f"{value:.1f}" + ("+" if rec["killed"] else ""),
+            ax.annotate(f"{value:.2f}" + ("+" if rec["killed"] else ""),
                         (bar.get_x() + bar.get_width() / 2, value), ha="center", va="bottom", fontsize=8)
     ax.set_xticks(range(len(results)))
     ax.set_xticklabels([f"{r['net']}\nbatch {r['batch']}, {r['image']}px" + (
         f"\n{r['thor_vs_momentum_rss']:.2f}x" if "thor_vs_momentum_rss" in r else "") for r in results], fontsize=8)
     ax.set_ylabel("peak host RSS (GiB)")
-    ax.set_title("Peak memory, THOR vs Momentum (GRAPH_MODE, CPU)", fontsize=10)
-    ax.legend(fontsize=8)
+    ax.set_title("Peak memory, THOR vs Momentum (GRAPH_MODE, CPU)" + (f"\n{note}" if note else ""), fontsize=10)
+    ax.legend(fontsize=8, loc="lower right")
     return save_figure(fig, path)
 
 
@@ -294,7 +294,8 @@ def main(argv: Optional[List[str]] = None) -> int:
                "steps": args.steps, "frequency": args.frequency, "width": args.width,
                "classes": args.classes, "max_rss_gb": args.max_rss_gb, "cases": results}
     json_path = write_json(os.path.join(args.out, stem + ".json"), payload)
-    png_path = plot(os.path.join(args.out, stem + ".png"), results)
+    note = f"float16 net, {args.float16_add} add" if args.float16 else ""
+    png_path = plot(os.path.join(args.out, stem + ".png"), results, note)
     print(f"wrote {json_path} and {png_path}")
     return 0
 
