@@ -16,6 +16,7 @@ from mindspore import Tensor, nn
 from mindspore.train import Callback, CheckpointConfig, LossMonitor, Model, ModelCheckpoint, TimeMonitor
 from thor_nets import labelled_batches
 
+from ms_optim import _float16_add
 from ms_optim._thor.model import ConvertModelUtils, ModelThor
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -235,6 +236,15 @@ def _thor_mlp(frequency=4, seed=0, **kwargs):
     opt = thor(net, Tensor(np.full((steps,), 0.05, np.float32)), Tensor(np.full((steps,), 0.03, np.float32)), 0.9,
                weight_decay=1e-4, batch_size=BATCH, frequency=frequency, **kwargs)
     return net, opt
+
+
+def test_model_thor_adds_float16_through_float32_on_cpu():
+    """On CPU, ModelThor makes graphs add float16 tensors through float32 (ms_optim._float16_add: the same bits,
+    without the CPU float16 Add's per-element index arrays) before it builds its training cell."""
+    _float16_add.restore_float16_add()
+    net, opt = _thor_mlp()
+    ModelThor(net, _loss(), opt)
+    assert _float16_add._STATE["installed"]
 
 
 def _batch_a(x, step):
