@@ -104,9 +104,11 @@ def worker(args) -> None:
     a_inv = tuple(ms.ops.zeros_like(p) for p in shared_opt.matrix_a_inv)
     g_inv = tuple(ms.ops.zeros_like(p) for p in shared_opt.matrix_g_inv)
     anchor = Tensor(np.zeros((1,), np.float32))
-    candidates["factor_allreduce"] = lambda: (shared_opt.reduce_a(a_cov), shared_opt.reduce_g(g_cov))
     unshared_opt = opts["unshared"]
-    candidates["factor_allreduce_unordered"] = lambda: (unshared_opt.reduce_a(a_cov), unshared_opt.reduce_g(g_cov))
+    shared_inversion, unshared_inversion = shared_opt.inversion, unshared_opt.inversion
+    candidates["factor_allreduce"] = lambda: (shared_inversion.reduce_a(a_cov), shared_inversion.reduce_g(g_cov))
+    candidates["factor_allreduce_unordered"] = lambda: (unshared_inversion.reduce_a(a_cov),
+                                                        unshared_inversion.reduce_g(g_cov))
     candidates["inverse_share"] = lambda: shared_opt.sharing(a_inv, g_inv, anchor)
     timings = interleaved_medians(candidates, repeats=args.repeats, warmup=args.warmup, prepare=prepare)
     sharing = opts["shared"].sharing

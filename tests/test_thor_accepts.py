@@ -16,7 +16,7 @@ from mindspore import Tensor, nn
 from thor_nets import MLP
 from thor_snapshot import assert_unchanged, snapshot
 
-from ms_optim._thor import factory
+from ms_optim._thor import config as thor_config
 from ms_optim._thor.factory import thor
 from ms_optim._thor.layers import ThorLayer
 
@@ -60,7 +60,7 @@ def test_one_device_accepts_what_mindspore_accepts_and_trains_the_same(mode, giv
 @pytest.fixture
 def data_parallel(monkeypatch):
     """thor() validating as in a 2-rank data-parallel run (the optimizer itself stays single-device)."""
-    monkeypatch.setattr(factory, "data_parallel_group_size", lambda: 2)
+    monkeypatch.setattr(thor_config, "data_parallel_group_size", lambda: 2)
 
 
 @pytest.mark.parametrize("indices, kept", [([26, 53], []), ([0, 26, 53], [0]), ([0], [0]), ([], [])])

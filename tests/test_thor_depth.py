@@ -19,6 +19,7 @@ by one batched ``MatrixInverse`` per block width, in chunks. Both are checked he
 * Its four 3x3 convolutions call one shared tap Cell (``taps.share_factor_taps``): bit for bit the numbers
   of a private tap per layer; a layer's own setting (``set_factor_block_size``) copies the shared tap first.
 """
+import contextlib
 from types import SimpleNamespace
 from typing import Dict
 
@@ -29,7 +30,10 @@ from reference import thor_factors as tf
 from reference.thor_ref import ThorReference, softmax_xent
 
 from ms_optim._thor import grouped, taps
+from ms_optim._thor import optimizer as thor_optimizer
+from ms_optim._thor.factor_kernels import factor_kernels
 from ms_optim._thor.factory import thor
+from ms_optim._thor.modes import Strategy
 
 RTOL = 1e-3
 # float32 against float64 through four layers and 150-wide whole-matrix inverses: entries near zero carry
@@ -106,8 +110,8 @@ def test_deep_mlp_matches_reference(mode, rng, inverse, path):
                         block_size=128 if inverse == "blocked" else None, weight_decay=1e-3)
     opt = thor(net, Tensor(lr), Tensor(damping), 0.9, weight_decay=1e-3, batch_size=batch, frequency=2,
                inverse=inverse)
-    assert opt.batched and bool(opt.grouped.fused) == (path == "fused")
-    widths = opt.grouped.widths
+    assert opt.strategy == Strategy.BATCHED and bool(opt.inversion.fused) == (path == "fused")
+    widths = opt.inversion.widths
     assert widths == ((10, 20, 128) if inverse == "blocked" else (10, 20, 150))
     cell = _train_cell(net, opt)
     for step in range(steps):
@@ -138,14 +142,24 @@ class RepeatedConvNet(nn.Cell):
 
 
 def _train_repeated(per_layer: bool, seed_values, batches, groups: int = 4, staged: bool = False,
-                    private_taps: bool = False, with_factors: bool = False):
+                    private_taps: bool = False, with_factors: bool = False, monkeypatch=None):
     net = RepeatedConvNet()
     for p, value in zip(net.trainable_params(), seed_values):
         p.set_data(Tensor(value))
-    opt = thor(net, Tensor(np.full((4,), 0.01, np.float32)), Tensor(np.full((4,), 0.1, np.float32)), 0.9,
-               weight_decay=1e-4, loss_scale=64.0, batch_size=4, frequency=2)
-    assert opt.batched and opt.grouped.widths == (5, 16, 27, 128)  # fc G 5, conv G 16, stem A 27, A 144
-    assert len(opt.grouped.groups) == (0 if opt.grouped.fused else groups)
+    with monkeypatch.context() if per_layer else contextlib.nullcontext() as patch:
+        if per_layer:  # the strategy of MindSpore's device rules and the trace rule, on a net the batched one
+            # serves, inverting with MatrixInverse layer by layer (the fused op stays in the taps and products)
+            patch.setattr(thor_optimizer, "choose_strategy", lambda config, rules: Strategy.PER_LAYER)
+            kernels = factor_kernels()
+            if kernels is not None:
+                patch.setattr(thor_optimizer, "factor_kernels", lambda: kernels._replace(block_inverse_out=None))
+        opt = thor(net, Tensor(np.full((4,), 0.01, np.float32)), Tensor(np.full((4,), 0.1, np.float32)), 0.9,
+                   weight_decay=1e-4, loss_scale=64.0, batch_size=4, frequency=2)
+    if not per_layer:
+        assert opt.strategy == Strategy.BATCHED and opt.inversion.widths == (5, 16, 27, 128)  # fc G, conv G, A's
+        assert len(opt.inversion.groups) == (0 if opt.inversion.fused else groups)
+    else:
+        assert opt.strategy == Strategy.PER_LAYER
     assert opt.sequential_update  # no kl_clip, no clip, no Nesterov: one parameter after the other
     opt.sequential_update = not staged  # read when the step is compiled (ms_optim._thor.update)
     shared = [layer.factor_tap for layer in opt.thor_cells]
@@ -155,10 +169,6 @@ def _train_repeated(per_layer: bool, seed_values, batches, groups: int = 4, stag
             layer.factor_tap = layer.factor_tap.clone()
         taps = [layer.factor_tap for layer in opt.thor_cells]
         assert len({id(tap) for tap in taps + shared}) == 7  # five new taps
-    if per_layer:
-        opt.batched = False  # read when the step is compiled: the per-layer inversion of slot.invert_layer
-        for slot in opt.slots:  # with the constants it adds (thor() attaches them only when it inverts per layer)
-            slot.attach_inversion_constants()
     cell = _train_cell(net, opt, sens=64.0)
     losses = [float(cell(Tensor(x), Tensor(y)).asnumpy()) for x, y in batches]
     inverses = [p.asnumpy() for p in list(opt.matrix_a_inv) + list(opt.matrix_g_inv)]
@@ -187,13 +197,13 @@ def _repeated_case(rng):
     return values, batches
 
 
-def test_repeated_conv_blocks_equal_per_layer_path(mode, rng, composite):
+def test_repeated_conv_blocks_equal_per_layer_path(mode, rng, composite, monkeypatch):
     values, batches = _repeated_case(rng)
     first = _train_repeated(False, values, batches[:1])[2]
-    for got, want in zip(first, _train_repeated(True, values, batches[:1])[2]):
+    for got, want in zip(first, _train_repeated(True, values, batches[:1], monkeypatch=monkeypatch)[2]):
         np.testing.assert_array_equal(got, want)  # the first THOR step: the same factors, inverted bit for bit
     losses, params, inverses = _train_repeated(False, values, batches)
-    want_losses, want_params, want_inverses = _train_repeated(True, values, batches)
+    want_losses, want_params, want_inverses = _train_repeated(True, values, batches, monkeypatch=monkeypatch)
     np.testing.assert_allclose(losses, want_losses, rtol=1e-5)
     assert set(params) == set(want_params)
     for name, want in want_params.items():
@@ -204,10 +214,11 @@ def test_repeated_conv_blocks_equal_per_layer_path(mode, rng, composite):
     assert not np.allclose(inverses[1][0], np.eye(128))  # the inverses were refreshed (not the initial identity)
 
 
-def test_fused_inversion_matches_per_layer_path(mode, rng):
+def test_fused_inversion_matches_per_layer_path(mode, rng, monkeypatch):
     values, batches = _repeated_case(rng)
     losses, params, inverses = _train_repeated(False, values, batches)
-    want_losses, want_params, want_inverses = _train_repeated(True, values, batches)  # MatrixInverse per layer
+    # MatrixInverse per layer
+    want_losses, want_params, want_inverses = _train_repeated(True, values, batches, monkeypatch=monkeypatch)
     np.testing.assert_allclose(losses, want_losses, rtol=1e-5)
     for name, want in want_params.items():
         np.testing.assert_allclose(params[name], want, rtol=1e-4, atol=1e-6, err_msg=name)

@@ -20,6 +20,7 @@ from ms_optim._thor import conventions
 from ms_optim._thor import device_rules as rules
 from ms_optim._thor.factory import thor
 from ms_optim._thor.layers import ThorLayer
+from ms_optim._thor.modes import Strategy
 
 
 class _Whiten(nn.Cell):
@@ -148,4 +149,4 @@ def test_distribute_inverses_refused_with_inverse_averaging(monkeypatch, request
 def test_distribute_inverses_accepted_with_kfc():
     opt = thor(ConvNet("pad"), Tensor(np.float32(0.1)), Tensor(np.float32(0.01)), 0.9, factor_convention="kfc",
                distribute_inverses=True)
-    assert opt.sharing.counts and not opt.averaging.is_distributed
+    assert opt.sharing.counts and opt.strategy == Strategy.PER_LAYER  # counted, on one rank: not averaged

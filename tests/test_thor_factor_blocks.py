@@ -110,7 +110,7 @@ def test_set_factor_block_size_keeps_names_and_a_mismatch_is_refused():
     assert (layer.matrix_a_cov.name, layer.matrix_g_cov.name) == names
     layer.set_factor_block_size(None)
     assert layer.matrix_a_cov.shape == (150, 150) and not layer.matrix_a_cov.asnumpy().any()
-    with pytest.raises(ValueError, match=r"set_factor_block_size\(64\)"):
+    with pytest.raises(ValueError, match=r"inverts blocks of 64"):
         LayerSlot(0, layer, 0, 64)
     conv = Conv2dThor(16, 200, 3)
     assert conv.matrix_a_cov.shape == (2, 128, 128) and conv.matrix_g_cov.shape == (2, 128, 128)

@@ -37,7 +37,7 @@ _FACTOR_ATTRS = ("matrix_a_cov", "matrix_g_cov", "thor_flag")
 _PRECISION_FLAGS = ("fp16", "fp32", "bf16")
 
 
-def thor_class_for(cell: nn.Cell) -> Optional[type]:
+def thor_class_for(cell: nn.Cell, convention: str = "kfc") -> Optional[type]:
     """THE rule: the THOR class that converts the plain layer ``cell``, or None if ``cell`` stays as it is.
 
     A cell converts iff a THOR class can represent it (its exact plain type, and for convolutions
@@ -72,7 +72,7 @@ def thor_candidates(net: nn.Cell) -> List[Tuple[str, nn.Cell]]:
             if is_thor_cell(cell) or (cell is not net and thor_class_for(cell) is not None)]
 
 
-def count_thor_cells(net: nn.Cell) -> int:
+def count_thor_cells(net: nn.Cell, convention: str = "kfc") -> int:
     """Number of THOR layers ``net`` has, or will have once converted (the converter is not run)."""
     return len(thor_candidates(net))
 

@@ -2,7 +2,7 @@ r"""MindSpore's device-specific inverse rules for ``factor_convention="gpu"`` an
 
 ``ms_optim._thor.conventions`` fixes the factors and the damping of a convention; this module holds
 what MindSpore's ``ThorGpu``/``ThorAscend`` then do to the *inverses*, as tensor functions of one
-layer (a ``LayerSlot`` ``slot``, whose static rule :func:`attach_rules` sets when the optimizer is built):
+layer (a ``LayerSlot`` ``slot``, built with its static rule, :func:`inverse_rules`):
 
 * ``slot.g_rule == GPU_EMBEDDING`` ("gpu", Embedding): MindSpore's "inverse" of the damped G' is
   ``MatMul(X, X)`` with ``X = CholeskyTrsm(G') = L^-1`` (``G' = L L^T``), i.e. ``L^-1 L^-1``, per
@@ -27,23 +27,43 @@ inverses (identical on all ranks). ``trace_thresholds`` then decides from the me
 """
 from __future__ import annotations
 
+from typing import NamedTuple, Sequence, Tuple
+
 import mindspore.common.dtype as mstype
 import numpy as np
 from mindspore import Tensor, ops
 
 from ms_optim._thor import preconditioner as pc
+from ms_optim._thor.modes import Convention, GRule, Kind
 
-__all__ = ["INVERSE", "GPU_EMBEDDING", "IDENTITY", "INVERSE_AVERAGING", "averages_inverses",
-           "check_distribute_inverses", "attach_rules",
+__all__ = ["INVERSE", "GPU_EMBEDDING", "IDENTITY", "INVERSE_AVERAGING", "InverseRule", "PLAIN_RULE",
+           "averages_inverses", "check_distribute_inverses", "inverse_rules", "rule_constants",
            "whitening_blocks", "gpu_embedding_g_inverse", "abs_max", "special_g_inverse", "finish_inverses",
            "contribution", "averaged_inverses"]
 
-INVERSE = "inverse"
-GPU_EMBEDDING = "gpu_embedding"
-IDENTITY = "identity"
+INVERSE = GRule.INVERSE
+GPU_EMBEDDING = GRule.GPU_EMBEDDING
+IDENTITY = GRule.IDENTITY
 
 #: The conventions whose data-parallel runs average inverses (MindSpore's rule), not factors.
-INVERSE_AVERAGING = ("gpu", "ascend")
+INVERSE_AVERAGING = Convention.INVERSE_AVERAGING
+
+
+class InverseRule(NamedTuple):
+    """One layer's static inverse rule under a convention: how its G is inverted (``g_rule``, a
+    :class:`~ms_optim._thor.modes.GRule`) and whether Ascend's max-abs scale applies (``max_scale``)."""
+
+    g_rule: str
+    max_scale: bool
+
+    @property
+    def plain(self) -> bool:
+        """Whether the layer is inverted as the formula says, with nothing of MindSpore's device rules."""
+        return self.g_rule == GRule.INVERSE and not self.max_scale
+
+
+#: The rule of a layer inverted as the formula says (every layer under "kfc").
+PLAIN_RULE = InverseRule(GRule.INVERSE, False)
 
 
 def averages_inverses(convention: str) -> bool:
@@ -62,24 +82,31 @@ def check_distribute_inverses(distribute: bool, convention: str, requested: str,
                          f"them), but got distribute_inverses=True.")
 
 
-def attach_rules(slots, convention: str) -> None:
-    """Set every slot's static rule for ``convention``: ``g_rule``, ``max_scale`` and their constants."""
-    has_conv = any(slot.kind == "conv" for slot in slots)
-    for slot in slots:
-        slot.g_rule = INVERSE
-        slot.max_scale = False
-        slot.lead = ()
-        slot.a_keep = slot.g_keep = Tensor(1.0, mstype.float32)
-        if convention == "gpu" and slot.is_embedding:
-            slot.g_rule = GPU_EMBEDDING
-            slot.lead = _leading_constants(slot.g_layout.bs)
-        elif convention == "ascend" and slot.kind == "dense" and slot.g_layout.n == 2:
-            slot.g_rule = IDENTITY
-        elif convention == "ascend" and has_conv and slot.kind in ("conv", "dense"):
-            slot.max_scale = True
-        if slot.max_scale:  # the maxima skip the identity padding of the last block
-            slot.a_keep = Tensor(1.0 - slot.a_layout.pad_identity(), mstype.float32)
-            slot.g_keep = Tensor(1.0 - slot.g_layout.pad_identity(), mstype.float32)
+def inverse_rules(layers: Sequence, convention: str) -> Tuple[InverseRule, ...]:
+    """Every THOR layer's :class:`InverseRule` under ``convention`` (``layers``: kind and ``g_dim`` are read)."""
+    has_conv = any(layer.kind == Kind.CONV for layer in layers)
+    rules = []
+    for layer in layers:
+        if convention == Convention.GPU and layer.kind == Kind.EMBEDDING:
+            rules.append(InverseRule(GRule.GPU_EMBEDDING, False))
+        elif convention == Convention.ASCEND and layer.kind == Kind.DENSE and int(layer.g_dim) == 2:
+            rules.append(InverseRule(GRule.IDENTITY, False))
+        else:
+            max_scale = convention == Convention.ASCEND and has_conv and layer.kind in (Kind.CONV, Kind.DENSE)
+            rules.append(InverseRule(GRule.INVERSE, max_scale) if max_scale else PLAIN_RULE)
+    return tuple(rules)
+
+
+def rule_constants(rule: InverseRule, a_layout, g_layout) -> dict:
+    """The constants a slot under ``rule`` reads: ``lead`` (GPU embedding's whitening) and ``a_keep``/``g_keep``
+    (the masks of Ascend's maxima, which skip the identity padding of the last block)."""
+    constants = {"lead": (), "a_keep": Tensor(1.0, mstype.float32), "g_keep": Tensor(1.0, mstype.float32)}
+    if rule.g_rule == GRule.GPU_EMBEDDING:
+        constants["lead"] = _leading_constants(g_layout.bs)
+    if rule.max_scale:
+        constants["a_keep"] = Tensor(1.0 - a_layout.pad_identity(), mstype.float32)
+        constants["g_keep"] = Tensor(1.0 - g_layout.pad_identity(), mstype.float32)
+    return constants
 
 
 def _leading_constants(bs: int):

@@ -1,174 +1,41 @@
-"""``thor()``: MindSpore's THOR factory. Validate every argument, then convert the net, then build the optimizer.
+"""``thor()``: MindSpore's THOR factory. Validate every argument once, then convert the net, then build the optimizer.
 
-Nothing else converts a net for THOR, and the optimizer (``optimizer.py``) never validates or
-converts: it receives the converted net, its THOR layers and the validated values from here. A
-refused call raises before anything is modified. Which layers THOR preconditions is decided by one
-rule, ``convert.thor_class_for`` (via ``convert.thor_candidates``), for the count, the
-``split_indices`` check and the conversion alike.
+``config.validate_thor`` turns the arguments into a frozen ``ThorConfig`` (a refused call raises before
+anything is modified); :func:`build_thor` converts the net with the layers' final settings and builds
+the optimizer from the config. Nothing else converts a net for THOR, and the optimizer never validates
+or converts.
 """
 from __future__ import annotations
 
-import warnings
-from typing import Any, Callable
+from mindspore import nn
 
-import numpy as np
-from mindspore import Tensor, nn
-
-from ms_optim._thor.conventions import apply_factor_convention, check_factor_convention, resolve_factor_convention
-from ms_optim._thor.convert import ConvertNetUtils, count_thor_cells, thor_candidates, thor_class_for
-from ms_optim._thor.device_rules import check_distribute_inverses
+from ms_optim._thor.config import ThorConfig, validate_thor
+from ms_optim._thor.conventions import apply_factor_convention
+from ms_optim._thor.convert import ConvertNetUtils, thor_candidates
 from ms_optim._thor.optimizer import ThorOptimizer
-from ms_optim._thor.parallel import data_parallel_group_size
 from ms_optim._thor.taps import ScheduleGuard, share_factor_taps
-from ms_optim._thor.trace import check_trace_thresholds
-from ms_optim._validation import (
-    check_bool,
-    check_callable,
-    check_finite,
-    check_float,
-    check_int,
-    check_non_negative,
-    check_number,
-    check_positive,
-    check_range,
-    check_tensor,
-    check_type,
-    describe,
-)
 
-__all__ = ["thor"]
+__all__ = ["thor", "build_thor"]
 
 _NAME = "thor"
-_INT32_MAX = 2**31 - 1
-_FLOAT32_MAX = float(np.finfo(np.float32).max)
 
 
-def _check_int32(name: str, value: int) -> int:
-    """An int the optimizer stores as int32 (frequency, sizes, indices): refuse what would wrap around."""
-    if value > _INT32_MAX:
-        raise ValueError(f"For '{_NAME}', the argument '{name}' must be <= {_INT32_MAX} (it is stored as int32), "
-                         f"but got {value!r}.")
-    return value
-
-
-def _check_float32(name: str, value) -> None:
-    """A finite number that stays finite as float32 (the optimizer stores it so)."""
-    check_finite(name, value, _NAME)
-    if abs(value) > _FLOAT32_MAX:
-        raise ValueError(f"For '{_NAME}', the argument '{name}' must be a finite float32 number (magnitude <= "
-                         f"{_FLOAT32_MAX:.6g}), but got {value!r}.")
-
-
-def _check_scalar(name: str, value, kind: Callable, bound: Callable) -> None:
-    """``kind`` (check_float / check_number / check_int), then ``bound`` (check_positive /
-    check_non_negative), then that the value fits the int32 or float32 it is stored as."""
-    kind(name, value, _NAME)
-    bound(name, value, _NAME)
-    (_check_int32 if kind is check_int else _check_float32)(name, value)
-
-
-def _whole_number(name: str, value: Any) -> Any:
-    """A float with a whole finite value as that int (MindSpore's thor keeps ``batch_size`` in a float32
-    Tensor, so ``32.0`` trains there); anything else unchanged, for the int check that follows."""
-    if isinstance(value, float):
-        _check_float32(name, value)
-        if not value.is_integer():
-            raise ValueError(f"For '{_NAME}', the argument '{name}' must be a whole number, but got {value!r}.")
-        return int(value)
-    return value
-
-
-def _check_kl_clip(kl_clip) -> None:
-    """None, or an int/float > 0 that is finite in float32."""
-    if kl_clip is None:
-        return
-    check_number("kl_clip", kl_clip, _NAME)
-    check_positive("kl_clip", kl_clip, _NAME)
-    _check_float32("kl_clip", kl_clip)
-
-
-def _check_schedule(name: str, value: Any) -> Tensor:
-    """A 0-D or non-empty 1-D Tensor of finite, non-negative numbers."""
-    check_tensor(name, value, _NAME, ndims=(0, 1))
-    if value.ndim == 1 and value.shape[0] == 0:
-        raise ValueError(f"For '{_NAME}', the argument '{name}' must not be empty, but got shape (0,).")
-    array = value.asnumpy().astype(np.float64)
-    if not np.all(np.isfinite(array)) or np.any(array < 0):
-        bad = array[~(np.isfinite(array) & (array >= 0))][0]
-        raise ValueError(f"For '{_NAME}', the argument '{name}' must hold finite values >= 0, "
-                         f"but got {float(bad)!r}.")
-    return value
-
-
-def _validate(net, learning_rate, damping, momentum, weight_decay, loss_scale, batch_size, use_nesterov,
-              decay_filter, split_indices, enable_clip_grad, frequency, inverse, block_size, kl_clip=None,
-              factor_convention="kfc", distribute_inverses=False) -> None:
-    """Check every argument; nothing is modified."""
-    check_type("net", net, nn.Cell, _NAME, what="a Cell")
-    _check_schedule("learning_rate", learning_rate)
-    _check_schedule("damping", damping)
-    _check_scalar("momentum", momentum, check_float, check_non_negative)
-    _check_scalar("weight_decay", weight_decay, check_number, check_non_negative)
-    _check_scalar("loss_scale", loss_scale, check_number, check_positive)
-    _check_scalar("batch_size", _whole_number("batch_size", batch_size), check_int, check_positive)
-    check_bool("use_nesterov", use_nesterov, _NAME)
-    check_callable("decay_filter", decay_filter, _NAME)
-    if not isinstance(enable_clip_grad, int):  # MindSpore's thor tests its truth value: 0 and 1 train there too
-        check_bool("enable_clip_grad", enable_clip_grad, _NAME)
-    check_int("frequency", frequency, _NAME)
-    check_range("frequency", frequency, low=2, cls_name=_NAME)
-    _check_int32("frequency", frequency)
-    if inverse not in ("blocked", "full"):
-        raise ValueError(f"For '{_NAME}', the argument 'inverse' must be 'blocked' or 'full', "
-                         f"but got {describe(inverse)}.")
-    _check_scalar("block_size", block_size, check_int, check_positive)
-    _check_kl_clip(kl_clip)
-    check_factor_convention(factor_convention, _NAME)
-    check_bool("distribute_inverses", distribute_inverses, _NAME)
-    if thor_class_for(net) is not None:
-        raise ValueError(f"For '{_NAME}', the argument 'net' must be a network Cell that contains the layers to "
-                         f"precondition, but got a bare {type(net).__name__}, which cannot be replaced in place: "
-                         f"wrap it in a Cell (e.g. nn.SequentialCell([layer])).")
-    if not net.trainable_params():
-        raise ValueError(f"For '{_NAME}', the argument 'net' must have trainable parameters, but got none.")
-    num_layers = count_thor_cells(net)
-    if num_layers == 0:
-        raise ValueError(f"For '{_NAME}', the argument 'net' must contain at least one layer THOR can "
-                         f"precondition (a trainable nn.Dense, nn.Conv2d with group 1, nn.Embedding or "
-                         f"their THOR versions), but got {type(net).__name__} with none.")
-    if split_indices is not None:
-        check_type("split_indices", split_indices, (list, tuple), _NAME, what="a list of ints or None")
-        for index in split_indices:
-            check_int("split_indices", index, _NAME)
-
-
-def _fusion_splits(split_indices, num_layers: int):
-    """``split_indices`` as the all-reduce fusion uses it, or None (one group).
-
-    MindSpore's thor reads ``split_indices`` only in data-parallel training, so on one device any list of
-    ints is accepted and ignored (a script may hard-code ResNet-50's ``[26, 53]`` for a smaller net). In
-    data parallel, as MindSpore's fusion pass: an empty list is one group, the indices must be strictly
-    increasing, and an index past the last layer splits nothing (skipped with a warning); a negative
-    index, which MindSpore cannot pass to its fusion pass, is a clear error here.
-
-    Raises:
-        ValueError: in data parallel, if the indices are negative or not strictly increasing.
-    """
-    if split_indices is None or data_parallel_group_size() <= 1:
-        return None if split_indices is None else list(split_indices)
-    indices = list(split_indices)
-    if any(index < 0 for index in indices):
-        raise ValueError(f"For '{_NAME}', the argument 'split_indices' must hold non-negative layer indices in "
-                         f"data-parallel training, but got {indices!r}.")
-    if any(b <= a for a, b in zip(indices, indices[1:])):
-        raise ValueError(f"For '{_NAME}', the argument 'split_indices' must be strictly increasing in "
-                         f"data-parallel training, but got {indices!r}.")
-    kept = [index for index in indices if index < num_layers]
-    if len(kept) < len(indices):
-        warnings.warn(f"For '{_NAME}', 'split_indices' {indices!r}: the net has {num_layers} THOR layers "
-                      f"(indices 0..{num_layers - 1}); the indices past the last layer split nothing and are "
-                      f"ignored, as MindSpore's all-reduce fusion does.", UserWarning, stacklevel=3)
-    return kept
+def build_thor(net: nn.Cell, config: ThorConfig) -> ThorOptimizer:
+    """Convert ``net`` in place for ``config`` and build the optimizer (``config`` already validated)."""
+    ConvertNetUtils().convert_to_thor_net(net)
+    layers = [cell for _, cell in thor_candidates(net)]  # the same rule the validation counted with
+    apply_factor_convention(layers, config.factor_convention, config.batch_size)
+    for layer in layers:  # the layers store exactly the blocks the optimizer inverts
+        layer.set_factor_block_size(config.factor_block_size)
+    optimizer = ThorOptimizer(net, layers, config)
+    limits = config.schedule_limits
+    # PYNATIVE: a step past their end is refused before the backward pass writes the factors (and a guard
+    # an earlier thor() on this net set is dropped)
+    guard = ScheduleGuard(_NAME, optimizer.global_step, limits) if limits else None
+    for layer in layers:
+        layer.own_factor_tap().set_schedule_guard(guard)
+    share_factor_taps(layers)
+    return optimizer
 
 
 def thor(net, learning_rate, damping, momentum, weight_decay=0.0, loss_scale=1.0, batch_size=32,
@@ -282,29 +149,8 @@ def thor(net, learning_rate, damping, momentum, weight_decay=0.0, loss_scale=1.0
             bare plain layer (``nn.Dense``, ...), which cannot be replaced in place: wrap it in a Cell.
         ValueError (at run time): If the step runs past the end of `learning_rate` or `damping`.
     """
-    _validate(net, learning_rate, damping, momentum, weight_decay, loss_scale, batch_size, use_nesterov, decay_filter,
-              split_indices, enable_clip_grad, frequency, inverse, block_size, kl_clip, factor_convention,
-              distribute_inverses)
-    thresholds = check_trace_thresholds(trace_thresholds, _NAME)  # before the net is converted
-    splits = _fusion_splits(split_indices, count_thor_cells(net))
-    convention = resolve_factor_convention(factor_convention)
-    check_distribute_inverses(distribute_inverses, convention, factor_convention, _NAME)  # _thor.device_rules
-    ConvertNetUtils().convert_to_thor_net(net)
-    layers = [cell for _, cell in thor_candidates(net)]  # the same rule the validation counted with
-    apply_factor_convention(layers, convention, int(batch_size))
-    for layer in layers:  # the layers store exactly the blocks the optimizer inverts
-        layer.set_factor_block_size(int(block_size) if inverse == "blocked" else None)
-    optimizer = ThorOptimizer(net, layers, learning_rate, damping, float(momentum), float(weight_decay),
-                              float(loss_scale), int(batch_size), bool(use_nesterov), decay_filter,
-                              splits, bool(enable_clip_grad), int(frequency), inverse, int(block_size),
-                              kl_clip=None if kl_clip is None else float(kl_clip), factor_convention=convention,
-                              distribute_inverses=distribute_inverses, trace_thresholds=thresholds)
-    limits = [(name, value.shape[0]) for name, value in (("learning_rate", learning_rate), ("damping", damping))
-              if value.ndim == 1]
-    # PYNATIVE: a step past their end is refused before the backward pass writes the factors (and a guard
-    # an earlier thor() on this net set is dropped)
-    guard = ScheduleGuard(_NAME, optimizer.global_step, limits) if limits else None
-    for layer in layers:
-        layer.own_factor_tap().set_schedule_guard(guard)
-    share_factor_taps(layers)
-    return optimizer
+    config = validate_thor(net, learning_rate, damping, momentum, weight_decay, loss_scale, batch_size, use_nesterov,
+                           decay_filter, split_indices, enable_clip_grad, frequency, inverse=inverse,
+                           block_size=block_size, kl_clip=kl_clip, factor_convention=factor_convention,
+                           distribute_inverses=distribute_inverses, trace_thresholds=trace_thresholds)
+    return build_thor(net, config)

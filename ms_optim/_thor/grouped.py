@@ -59,8 +59,10 @@ from mindspore.ops import composite as C
 from mindspore.ops import functional as F
 
 from ms_optim._thor import preconditioner as pc
-from ms_optim._thor.factor_kernels import factor_kernels
-from ms_optim._thor.parallel import data_parallel_group_size
+from ms_optim._thor.config import ThorConfig
+from ms_optim._thor.modes import Strategy
+from ms_optim._thor.parallel import sum_allreduce
+from ms_optim._thor.sharing import InverseSharing
 
 __all__ = ["GroupedInversion", "CHUNK_BYTES", "chunk_members"]
 
@@ -133,7 +135,7 @@ def chunk_members(width: int, members: Sequence) -> List[List]:
 class _WidthGroup(nn.Cell):
     """The factors of one block width ``w``: their Parameters, stored inverses and block bookkeeping."""
 
-    def __init__(self, width: int, members: Sequence[Tuple[object, object, object, bool]]):
+    def __init__(self, width: int, members: Sequence[Tuple[object, object, object, bool]], ranks: int):
         super().__init__(auto_prefix=False)
         self.factors = ParameterTuple([m[0] for m in members])
         self.inverses = ParameterTuple([m[1] for m in members])
@@ -153,11 +155,9 @@ class _WidthGroup(nn.Cell):
         self.segments = Tensor(np.array(segments, np.int32))
         self.hyper_map = C.HyperMap()
         self.inverse = ops.MatrixInverse()
-        ranks = data_parallel_group_size()
         self.is_distributed = ranks > 1
         if self.is_distributed:
-            self.allreduce = ops.AllReduce(ops.ReduceOp.SUM)
-            self.allreduce.add_prim_attr("fusion", 0)
+            self.allreduce = sum_allreduce(fusion=0)
             self.mean = 1.0 / ranks
 
     def _add_to_diagonal(self, blocks, values):
@@ -184,33 +184,41 @@ class _WidthGroup(nn.Cell):
 
 
 class GroupedInversion(nn.Cell):
-    """Every layer's damped inversion on a THOR step, one :class:`_WidthGroup` per chunk of a block width.
+    """The ``BATCHED`` strategy (``inversion.py``): every layer's damped inversion on a THOR step, one fused op
+    per factor on CPU, else one :class:`_WidthGroup` per chunk of a block width.
 
-    ``slots``: the optimizer's ``LayerSlot``\\ s; ``a_covs`` / ``g_covs``: the layers' factor Parameters
-    in the same order. ``construct(lam, g_unscale, anchor)`` reads the factors after ``anchor``,
-    inverts and stores every inverse (``slot.a_inv`` / ``slot.g_inv``) and returns the stores.
+    ``slots``: the optimizer's ``LayerSlot``\\ s; ``layers``: the THOR layers in the same order (their factor
+    Parameters are read); ``kernels``: THOR's fused CPU ops (``factor_kernels.FactorKernels``) or None.
+    ``construct(anchor, lam, factor_loss_scale)`` reads the factors after ``anchor``, inverts and stores every
+    inverse (``slot.a_inv`` / ``slot.g_inv``) and returns a token depending on the stores. ``trace`` is None
+    (the trace rule decides per layer: never this strategy) and ``sharing`` records no owners' work.
     """
 
-    def __init__(self, slots: Sequence, a_covs: Sequence, g_covs: Sequence):
+    strategy = Strategy.BATCHED
+
+    def __init__(self, slots: Sequence, layers: Sequence, config: ThorConfig, kernels=None):
         super().__init__(auto_prefix=False)
+        self.trace = None
+        self.sharing = InverseSharing(slots, config.split_indices, False, config.ranks)
+        self.zero_step = Tensor([0], mstype.int32)
         by_width: Dict[int, List] = {}
         embedding_factors, embedding_inverses = [], []
-        for slot, a_cov, g_cov in zip(slots, a_covs, g_covs):
+        for slot, layer in zip(slots, layers):
+            a_cov, g_cov = layer.matrix_a_cov, layer.matrix_g_cov
             if slot.a_layout is None:
                 embedding_factors.append(a_cov)
                 embedding_inverses.append(slot.a_inv)
             else:
                 by_width.setdefault(slot.a_layout.bs, []).append((a_cov, slot.a_inv, slot.a_layout, False))
             by_width.setdefault(slot.g_layout.bs, []).append((g_cov, slot.g_inv, slot.g_layout, True))
-        kernels = factor_kernels()
-        self.fused = () if kernels is None else (kernels[4],)
+        self.fused = () if kernels is None else (kernels.block_inverse,)
         if self.fused:  # one fused op per factor (CPU): no width groups, no chunk temporaries in the graph
             members = [m for w in sorted(by_width) for m in by_width[w]]
             self.factors = ParameterTuple([m[0] for m in members])
             self.inverses = ParameterTuple([m[1] for m in members])
             self.members = tuple((int(m[3]), m[2].inverse_plan) for m in members)
             self.one = Tensor(1.0, mstype.float32)
-        groups = [] if self.fused else [_WidthGroup(w, chunk) for w in sorted(by_width)
+        groups = [] if self.fused else [_WidthGroup(w, chunk, config.ranks) for w in sorted(by_width)
                                         for chunk in chunk_members(w, by_width[w])]
         self.groups = nn.CellList(groups, auto_prefix=False)
         self.num_groups = len(self.groups)
@@ -220,15 +228,23 @@ class GroupedInversion(nn.Cell):
             self.embedding_factors = ParameterTuple(embedding_factors)
             self.embedding_inverses = ParameterTuple(embedding_inverses)
         self.hyper_map = C.HyperMap()
-        ranks = data_parallel_group_size()
-        self.is_distributed = ranks > 1
+        self.is_distributed = config.ranks > 1
         self.reduce = ()
         if self.is_distributed:
-            self.allreduce = ops.AllReduce(ops.ReduceOp.SUM)
-            self.mean = 1.0 / ranks
+            self.allreduce = sum_allreduce()
+            self.mean = 1.0 / config.ranks
             self.reduce = (self.allreduce, self.mean)
 
-    def construct(self, lam, g_unscale, anchor):
+    def anchor(self, gradients):
+        """One tensor that waits for every gradient: the THOR branch captures it instead of the gradient tuple
+        (a tuple captured by a branch is flattened by MindSpore's tuple_transform pass, which then re-infers
+        the whole graph: 0.13 s of ResNet-50's compile)."""
+        return F.depend(self.zero_step, gradients)
+
+    def construct(self, anchor, lam, factor_loss_scale):
+        return F.depend(self.zero_step, self._invert_all(lam, ops.reciprocal(ops.square(factor_loss_scale)), anchor))
+
+    def _invert_all(self, lam, g_unscale, anchor):
         done = ()
         if self.fused:
             done = done + (self.hyper_map(F.partial(_fused_inverse, self.fused[0], self.reduce, anchor, lam,

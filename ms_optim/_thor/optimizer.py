@@ -58,7 +58,7 @@ so a singular or non-finite factor never puts NaN into the parameters.
 """
 from __future__ import annotations
 
-from typing import Callable, List, Optional, Sequence, Tuple
+from typing import Optional, Sequence, Tuple
 
 import mindspore.common.dtype as mstype
 import numpy as np
@@ -68,16 +68,14 @@ from mindspore.ops import functional as F
 from mindspore.ops import operations as P
 
 from ms_optim._thor import preconditioner as pc
-from ms_optim._thor.averaging import InverseAveraging, refresh_averaged
-from ms_optim._thor.device_rules import INVERSE, attach_rules
+from ms_optim._thor.config import ThorConfig
+from ms_optim._thor.device_rules import inverse_rules
 from ms_optim._thor.factor_kernels import factor_kernels
-from ms_optim._thor.grouped import GroupedInversion
+from ms_optim._thor.inversion import build_inversion, choose_strategy
 from ms_optim._thor.kl_clip import apply_kl_clip
 from ms_optim._thor.layers import ThorLayer
-from ms_optim._thor.parallel import FactorAllReduce
-from ms_optim._thor.sharing import InverseSharing
-from ms_optim._thor.slot import LayerSlot, invert_layer
-from ms_optim._thor.trace import TraceSchedule, decide
+from ms_optim._thor.modes import Kind, Strategy, Treatment
+from ms_optim._thor.slot import LayerSlot
 from ms_optim._thor.update import (
     apply_decay,
     clip_to_unit_norm,
@@ -116,65 +114,57 @@ class ThorOptimizer(Optimizer):
       ``weight_decay`` (float), ``decay_flags``, ``use_nesterov``, ``enable_clip_grad``,
       ``inverse`` (``"blocked"``/``"full"``), ``block_size``, ``split_indices``, ``kl_clip`` (float or None),
       ``factor_convention`` (``"gpu"``/``"ascend"``/``"kfc"``, applied by the layers: ``_thor.conventions``);
-      ``sharing`` (``ms_optim._thor.sharing.InverseSharing``: which layers this rank inverts).
-    * ``trace``: None (fixed schedule) or the :class:`~ms_optim._thor.trace.TraceSchedule` of
-      ``trace_thresholds`` (its ``inversions`` count the inversions per layer).
+      ``config`` (the :class:`~ms_optim._thor.config.ThorConfig` it was built from).
+    * ``inversion``: the inversion strategy Cell (``ms_optim._thor.inversion``), chosen when the optimizer is
+      built; ``strategy`` its name (a :class:`~ms_optim._thor.modes.Strategy`); ``sharing`` and ``trace``
+      are its ``InverseSharing`` (which layers this rank inverts) and its
+      :class:`~ms_optim._thor.trace.TraceSchedule` (None: fixed schedule; its ``inversions`` count the
+      inversions per layer).
     """
 
-    def __init__(self, net: nn.Cell, layers: Sequence[ThorLayer], learning_rate: Tensor, damping: Tensor,
-                 momentum: float, weight_decay: float, loss_scale: float, batch_size: int, use_nesterov: bool,
-                 decay_filter: Callable, split_indices: Optional[List[int]], enable_clip_grad: bool, frequency: int,
-                 inverse: str, block_size: int, kl_clip: Optional[float] = None, factor_convention: str = "kfc",
-                 distribute_inverses: bool = False, trace_thresholds: Optional[Tuple[float, float]] = None):
-        super().__init__(learning_rate, net.trainable_params(), 0.0, loss_scale)
-        self.frequency = frequency
-        self.batch_size = batch_size
-        self.use_nesterov = use_nesterov
-        self.enable_clip_grad = enable_clip_grad
-        self.inverse = inverse
-        self.block_size = block_size
-        self.split_indices = split_indices
-        self.kl_clip = kl_clip
-        self.factor_convention = factor_convention
-        self.kl_clip_tensor = Tensor(kl_clip if kl_clip is not None else 0.0, mstype.float32)
-        self.momentum = Parameter(Tensor(momentum, mstype.float32), name="momentum")
+    def __init__(self, net: nn.Cell, layers: Sequence[ThorLayer], config: ThorConfig):
+        super().__init__(config.learning_rate, net.trainable_params(), 0.0, config.loss_scale)
+        self.config = config
+        self.frequency = config.frequency
+        self.batch_size = config.batch_size
+        self.use_nesterov = config.use_nesterov
+        self.enable_clip_grad = config.enable_clip_grad
+        self.inverse = config.inverse
+        self.block_size = config.block_size
+        self.split_indices = None if config.split_indices is None else list(config.split_indices)
+        self.kl_clip = config.kl_clip
+        self.factor_convention = config.factor_convention
+        self.kl_clip_tensor = Tensor(config.kl_clip if config.kl_clip is not None else 0.0, mstype.float32)
+        self.momentum = Parameter(Tensor(config.momentum, mstype.float32), name="momentum")
         self.moments = self._parameters.clone(prefix="moments", init="zeros")
         self.opt = P.ApplyMomentum()
 
         # weight decay: our own flags (nn.Optimizer's default filter would skip 'beta'/'gamma')
-        self.weight_decay = weight_decay
+        self.weight_decay = config.weight_decay
         self.apply_weight_decay = self.weight_decay > 0
-        self.decay_flags = tuple(bool(decay_filter(p)) for p in self._parameters)
+        self.decay_flags = tuple(bool(config.decay_filter(p)) for p in self._parameters)
         self.weight_decay_tensor = Tensor(self.weight_decay, mstype.float32)
         self.exec_weight_decay = False  # nn.Optimizer's own decay path stays off
         # learning rate / damping schedules and their lengths (None: a 0-D Tensor, no end)
-        self.lr_steps = int(learning_rate.shape[0]) if learning_rate.ndim == 1 else None
+        damping = config.damping
+        self.lr_steps = int(config.learning_rate.shape[0]) if config.learning_rate.ndim == 1 else None
         self.damping = Tensor(damping.asnumpy().astype(np.float32).reshape(-1))
         self.damping_steps = int(damping.shape[0]) if damping.ndim == 1 else None
         self.damping_is_scalar = damping.ndim == 0
 
         self.thor_cells = tuple(layers)
         self.num_layers = len(self.thor_cells)
-        self._map_parameters(net)
-        attach_rules(self.slots, factor_convention)  # MindSpore's inverse rules for gpu/ascend (_thor.device_rules)
+        kernels = factor_kernels()
+        rules = inverse_rules(self.thor_cells, config.factor_convention)  # MindSpore's rules for gpu/ascend
+        self.strategy = choose_strategy(config, rules)
+        self._map_parameters(net, rules, kernels)
         self.matrix_a_inv = ParameterTuple([slot.a_inv for slot in self.slots])
         self.matrix_g_inv = ParameterTuple([slot.g_inv for slot in self.slots])
         self.matrix_a_cov = ParameterTuple([layer.matrix_a_cov for layer in self.thor_cells])
         self.matrix_g_cov = ParameterTuple([layer.matrix_g_cov for layer in self.thor_cells])
         self.thor_flags = ParameterTuple([layer.thor_flag for layer in self.thor_cells])
-        self.reduce_a = FactorAllReduce(self.num_layers, self.split_indices, ordered=distribute_inverses)
-        self.reduce_g = FactorAllReduce(self.num_layers, self.split_indices, ordered=distribute_inverses)
-        self.sharing = InverseSharing(self.slots, self.split_indices, distribute_inverses)  # see _thor.sharing
-        self.averaging = InverseAveraging(self.num_layers, self.split_indices, factor_convention)  # _thor.averaging
-        self.trace = None if trace_thresholds is None else TraceSchedule(self.num_layers, trace_thresholds)
-        # all layers inverted alike: one fused op per factor (CPU) or batched per block width (_thor.grouped)
-        self.batched = (self.trace is None and not self.sharing.counts and not self.averaging.is_distributed
-                        and all(slot.g_rule == INVERSE and not slot.max_scale for slot in self.slots))
-        self.grouped = GroupedInversion(self.slots, self.matrix_a_cov, self.matrix_g_cov) if self.batched else None
-        kernels = factor_kernels()
-        for slot in () if self.batched else self.slots:
-            slot.attach_inversion_constants(None if kernels is None else kernels[5])
-        self.factor_loss_scale = Parameter(Tensor(loss_scale, mstype.float32), name="factor_loss_scale",
+        self.inversion = build_inversion(self.strategy, self.slots, self.thor_cells, config, kernels)
+        self.factor_loss_scale = Parameter(Tensor(config.loss_scale, mstype.float32), name="factor_loss_scale",
                                            requires_grad=False)
         self.frequency_tensor = Tensor([self.frequency], mstype.int32)
         self.zero_step = Tensor([0], mstype.int32)
@@ -182,6 +172,16 @@ class ThorOptimizer(Optimizer):
         self.lr_steps_tensor = Tensor(self.lr_steps or 0, mstype.int32)
         self.damping_steps_tensor = Tensor(self.damping_steps or 0, mstype.int32)
         self.sync_thor_flags()
+
+    @property
+    def sharing(self):
+        """The strategy's ``InverseSharing``: which layers this rank inverts, and the inversion counter."""
+        return self.inversion.sharing
+
+    @property
+    def trace(self):
+        """The strategy's trace rule (``TraceSchedule``), or None on the fixed schedule."""
+        return self.inversion.trace
 
     @property
     def a_layouts(self) -> Tuple[Optional[pc.BlockLayout], ...]:
@@ -193,25 +193,29 @@ class ThorOptimizer(Optimizer):
         """The ``BlockLayout`` of every layer's G."""
         return tuple(slot.g_layout for slot in self.slots)
 
-    def _map_parameters(self, net: nn.Cell) -> None:
-        """Per trainable parameter: its treatment and layer; one ``LayerSlot`` per THOR layer (``self.slots``)."""
+    def _map_parameters(self, net: nn.Cell, rules, kernels) -> None:
+        """Per trainable parameter: its treatment and layer; one complete ``LayerSlot`` per THOR layer
+        (``self.slots``), with the layer-by-layer inversion's constants where the strategy inverts so."""
         role = {}
         for i, layer in enumerate(self.thor_cells):
-            role[id(layer.weight_param())] = (pc.EMBEDDING if layer.kind == "embedding" else pc.MATRIX, i)
+            treatment = Treatment.EMBEDDING if layer.kind == Kind.EMBEDDING else Treatment.MATRIX
+            role[id(layer.weight_param())] = (treatment, i)
         for _, cell in net.cells_and_names():
             if isinstance(cell, nn.LayerNorm):
                 for param in (cell.gamma, cell.beta):
-                    role.setdefault(id(param), (pc.LAYERNORM, -1))
+                    role.setdefault(id(param), (Treatment.LAYERNORM, -1))
         kinds, owners = [], []
         grad_index = [0] * self.num_layers
         for j, param in enumerate(self._parameters):
-            kind, owner = role.get(id(param), (pc.PLAIN, -1))
+            kind, owner = role.get(id(param), (Treatment.PLAIN, -1))
             if owner >= 0:
                 grad_index[owner] = j
             kinds.append(kind)
             owners.append(owner)
-        block = self.block_size if self.inverse == "blocked" else None
-        self.slots = nn.CellList([LayerSlot(i, layer, grad_index[i], block) for i, layer in enumerate(self.thor_cells)],
+        layerwise = self.strategy != Strategy.BATCHED
+        inverse_out = None if kernels is None else kernels.block_inverse_out
+        self.slots = nn.CellList([LayerSlot(i, layer, grad_index[i], self.config.factor_block_size, rules[i],
+                                            inverse_out, layerwise) for i, layer in enumerate(self.thor_cells)],
                                  auto_prefix=False)
         none = (0, 0, 0)
         self.param_treatment = tuple((kind, self.slots[owner].g_geom if owner >= 0 else none,
@@ -221,10 +225,9 @@ class ThorOptimizer(Optimizer):
         self.param_g_inv = tuple(self.slots[owner].g_inv if owner >= 0 else no_inverse for owner in owners)
         self.param_a_inv = tuple(self.slots[owner].a_inv if owner >= 0 else no_inverse for owner in owners)
         self.batch_size_float = float(self.batch_size)
-        kernels = factor_kernels()
-        self.precondition_kernel = () if kernels is None else (kernels[3],)
+        self.precondition_kernel = () if kernels is None else (kernels.precondition,)
         # one parameter after the other (precondition, decay, momentum) unless a rule needs all gradients at once
-        self.sequential_update = self.kl_clip is None and not self.enable_clip_grad and not self.use_nesterov
+        self.sequential_update = self.config.sequential_update
 
     # ------------------------------------------------------------------ public helpers
     def get_frequency(self) -> int:
@@ -266,75 +269,6 @@ class ThorOptimizer(Optimizer):
             return ops.reshape(self.damping, ())
         return ops.reshape(ops.gather(self.damping, step, 0), ())
 
-    def _refresh_inverses(self, gradients, lam):
-        """THOR step: read the layers' factors, all-reduce, invert (with ``trace``: the layers it selects), store.
-        Returns a token (int32, shape (1,)) depending on every store; the gradients are only anchors (with
-        ``batched``, ``gradients`` is already the one anchor: see ``construct``)."""
-        g_unscale = ops.reciprocal(ops.square(self.factor_loss_scale))
-        if self.batched:
-            return F.depend(self.zero_step, self.grouped(lam, g_unscale, gradients))
-        a_factors, g_factors = (), ()
-        for i in range(self.num_layers):
-            anchor = gradients[self.slots[i].grad_index]
-            a_factors += (ops.depend(self.matrix_a_cov[i], anchor),)
-            g_factors += (ops.depend(self.matrix_g_cov[i], anchor) * g_unscale,)
-        if self.averaging.is_distributed:  # gpu/ascend on R > 1 ranks: the inverses of the local factors are averaged
-            return F.depend(self.zero_step, refresh_averaged(self.averaging, self.slots, self.trace, a_factors,
-                                                             g_factors, lam))
-        a_factors = self.reduce_a(self.sharing.after(a_factors, gradients))
-        g_factors = self.reduce_g(self.sharing.after(g_factors, a_factors))
-        if self.sharing.is_distributed:
-            return self._invert_and_share(gradients, a_factors, g_factors, lam)
-        done = ()
-        for i in range(self.num_layers):
-            if self.trace is None:
-                done += self._invert_into(i, a_factors[i], g_factors[i], lam)
-            else:
-                refresh, decided = decide(self.trace, i, a_factors[i], g_factors[i], self.slots[i].is_embedding)
-                inverted = self.zero_step
-                if refresh:
-                    inverted = F.depend(self.zero_step, self._invert_into(i, a_factors[i], g_factors[i], lam))
-                done += (decided, inverted)
-        return F.depend(self.zero_step, done)
-
-    def _invert_into(self, i, a_factor, g_factor, lam):
-        """Invert layer ``i`` (counted when ``sharing`` counts) and store; returns the two assignments."""
-        slot = self.slots[i]
-        a_inv, g_inv = invert_layer(slot, a_factor, g_factor, lam)
-        a_inv = self.sharing.count(i, a_inv)
-        return ops.assign(slot.a_inv, a_inv), ops.assign(slot.g_inv, g_inv)
-
-    def _invert_and_share(self, gradients, a_factors, g_factors, lam):
-        """``distribute_inverses`` on R > 1 ranks: every rank takes the trace decisions (identical on all
-        ranks: the factors are all-reduced), inverts the refreshed layers it owns, contributes zeros for
-        the others, and ``sharing`` sums the contributions (a kept inverse is contributed as stored)."""
-        # No inversion may start before the last factor reduction: a rank inverting between two
-        # collectives would hold the other ranks at the next one, and the ranks would invert in turn.
-        last_reduced = g_factors[self.num_layers - 1]
-        a_factors = tuple(ops.depend(a, last_reduced) for a in a_factors)
-        g_factors = tuple(ops.depend(g, last_reduced) for g in g_factors)
-        new_a, new_g = (), ()
-        for i in range(self.num_layers):
-            slot = self.slots[i]
-            refresh = True
-            if self.trace is not None:
-                refresh, decided = decide(self.trace, i, a_factors[i], g_factors[i], slot.is_embedding)
-                gradients = F.depend(gradients, decided)
-            if not self.sharing.owned[i]:
-                a_inv, g_inv = ops.zeros_like(slot.a_inv), ops.zeros_like(slot.g_inv)
-            elif refresh:
-                a_inv, g_inv = invert_layer(slot, a_factors[i], g_factors[i], lam)
-                a_inv = self.sharing.count(i, a_inv)
-            else:
-                a_inv, g_inv = slot.a_inv * 1, slot.g_inv * 1
-            new_a += (a_inv,)
-            new_g += (g_inv,)
-        new_a, new_g = self.sharing(new_a, new_g, F.depend(g_factors, gradients))
-        done = ()
-        for i in range(self.num_layers):
-            done += (ops.assign(self.slots[i].a_inv, new_a[i]), ops.assign(self.slots[i].g_inv, new_g[i]))
-        return F.depend(self.zero_step, done)
-
     def _precondition(self, gradients, lam):
         """Apply the stored inverses (Dense/Conv/Embedding) and the LayerNorm rule; others unchanged.
 
@@ -369,12 +303,9 @@ class ThorOptimizer(Optimizer):
         next_flag = ops.reshape(ops.equal(ops.floor_mod(step + self.one_step, self.frequency_tensor),
                                           self.zero_step), ())
         refreshed = self.zero_step
-        # The batched THOR branch reads the gradients only as one anchor: made here, the branch captures one
-        # tensor, not the gradient tuple (a tuple captured by a branch is flattened by MindSpore's tuple_transform
-        # pass, which then re-infers the whole graph: 0.13 s of ResNet-50's compile).
-        anchors = F.depend(self.zero_step, gradients) if self.batched else gradients
+        anchor = self.inversion.anchor(gradients)  # what the THOR branch reads the factors after
         if ops.all(ops.equal(ops.floor_mod(step, self.frequency_tensor), self.zero_step)):
-            refreshed = self._refresh_inverses(anchors, lam)
+            refreshed = self.inversion(anchor, lam, self.factor_loss_scale)
         # The updates follow the THOR branch through its side effects (the stores of the inverses): every read
         # of a parameter after it is ordered after it. Its token is still read once, on one scalar (a depend on the
         # gradient tuple is one Depend per gradient): a branch whose result nothing reads makes MindSpore compile

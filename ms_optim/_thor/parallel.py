@@ -1,6 +1,6 @@
 """Data-parallel reduction of THOR's Kronecker factors.
 
-Interface used by the optimizer: ``FactorAllReduce(num_layers, split_indices)`` is a Cell whose
+Interface used by the optimizer: ``FactorAllReduce(num_layers, split_indices, ranks=R)`` is a Cell whose
 ``construct(factors)`` takes a tuple of ``num_layers`` per-layer factor tensors (the optimizer calls
 it once for the A factors and once for the G factors) and returns a tuple of the same shapes,
 averaged over the data-parallel ranks:
@@ -36,7 +36,7 @@ from typing import List, Optional, Sequence
 from mindspore import context, nn, ops
 from mindspore.communication import get_group_size
 
-__all__ = ["FactorAllReduce", "data_parallel_group_size", "fusion_groups"]
+__all__ = ["FactorAllReduce", "data_parallel_group_size", "fusion_groups", "sum_allreduce", "grouped_sum_allreduces"]
 
 _DATA_PARALLEL_MODES = ("data_parallel", "hybrid_parallel")
 
@@ -60,6 +60,23 @@ def fusion_groups(num_layers: int, split_indices: Optional[Sequence[int]] = None
     return [sum(1 for s in splits if s < layer) for layer in range(num_layers)]
 
 
+def sum_allreduce(fusion: Optional[int] = None) -> ops.AllReduce:
+    """THE builder of THOR's collectives: a summing ``AllReduce`` over the data-parallel group, with the
+    ``fusion`` attribute when given (equal ids are fused into one transfer; 0 means not fused)."""
+    op = ops.AllReduce(ops.ReduceOp.SUM)
+    if fusion is not None:
+        op.add_prim_attr("fusion", int(fusion))
+    return op
+
+
+def grouped_sum_allreduces(num_layers: int, split_indices: Optional[Sequence[int]], fusion_base: int) -> List:
+    """One :func:`sum_allreduce` per layer, shared within each fusion group of ``split_indices``
+    (:func:`fusion_groups`), the group ``g`` fused under id ``fusion_base + g``."""
+    groups = fusion_groups(num_layers, split_indices)
+    per_group = {g: sum_allreduce(fusion_base + g) for g in sorted(set(groups))}
+    return [per_group[g] for g in groups]
+
+
 class FactorAllReduce(nn.Cell):
     """Mean all-reduce of a tuple of per-layer factor tensors, fused in groups split at ``split_indices``.
 
@@ -67,6 +84,8 @@ class FactorAllReduce(nn.Cell):
         num_layers (int): number of THOR layers (length of the tuples passed to ``construct``).
         split_indices (Optional[Sequence[int]]): last layer index of each fusion group; None: one group.
         ordered (bool): issue the reductions strictly in layer order (see the module docstring).
+        ranks (Optional[int]): the data-parallel group size, as ``thor()``'s config read it; None reads
+            :func:`data_parallel_group_size` (for a reduction built outside ``thor()``).
 
     Inputs:
         factors (tuple[Tensor]): one factor per layer.
@@ -75,21 +94,17 @@ class FactorAllReduce(nn.Cell):
         tuple[Tensor]: the factors averaged over the data-parallel ranks (unchanged on one device).
     """
 
-    def __init__(self, num_layers: int, split_indices: Optional[Sequence[int]] = None, ordered: bool = False):
+    def __init__(self, num_layers: int, split_indices: Optional[Sequence[int]] = None, ordered: bool = False,
+                 ranks: Optional[int] = None):
         super().__init__()
         self.num_layers = int(num_layers)
         self.split_indices = list(split_indices) if split_indices is not None else None
-        self.group_size = data_parallel_group_size()
+        self.group_size = data_parallel_group_size() if ranks is None else int(ranks)
         self.is_distributed = self.group_size > 1
         self.ordered = bool(ordered)
         self.groups = fusion_groups(self.num_layers, self.split_indices)
         if self.is_distributed:
-            ops_per_group = {}
-            for g in sorted(set(self.groups)):
-                op = ops.AllReduce(ops.ReduceOp.SUM)
-                op.add_prim_attr("fusion", g + 1)  # fusion id 0 means "not fused"
-                ops_per_group[g] = op
-            self.allreduces = [ops_per_group[g] for g in self.groups]
+            self.allreduces = grouped_sum_allreduces(self.num_layers, self.split_indices, 1)  # fusion id 0: not fused
             self.scale = 1.0 / self.group_size
 
     def construct(self, factors):

@@ -36,7 +36,6 @@ parameters.
 """
 from __future__ import annotations
 
-import math
 from typing import Tuple
 
 import mindspore.common.dtype as mstype
@@ -45,7 +44,8 @@ from mindspore import Tensor, mint, ops
 from mindspore.ops import composite as C
 from mindspore.ops import functional as F
 
-from ms_optim._thor.factors import zero_pad
+from ms_optim._thor.factors import factor_blocks, zero_pad
+from ms_optim._thor.modes import Treatment
 
 __all__ = [
     "INVERSE_TOLERANCE",
@@ -70,10 +70,10 @@ __all__ = [
 ]
 
 # How a parameter's gradient is preconditioned (its treatment's first entry; see precondition_parameter)
-PLAIN = 0        # unchanged (biases, BatchNorm, ...)
-MATRIX = 1       # Dense / Conv2d weight: Ginv g Ainv
-EMBEDDING = 2    # embedding table: diag(Ainv) g Ginv
-LAYERNORM = 3    # LayerNorm gamma/beta
+PLAIN = Treatment.PLAIN
+MATRIX = Treatment.MATRIX
+EMBEDDING = Treatment.EMBEDDING
+LAYERNORM = Treatment.LAYERNORM
 
 #: Largest accepted entry of ``|F_k X_k - I|`` for an inverse block ``X_k`` of a damped block ``F_k``.
 INVERSE_TOLERANCE = 1e-2
@@ -92,10 +92,10 @@ class BlockLayout:
     def __init__(self, n: int, block_size=None):
         if n < 1:
             raise ValueError(f"A THOR factor must have a positive size, but got {n}.")
-        bs = n if block_size is None else min(int(block_size), n)
+        nblocks, bs = factor_blocks(int(n), None if block_size is None else int(block_size))
         self.n = int(n)
         self.bs = int(bs)
-        self.nblocks = int(math.ceil(n / bs))
+        self.nblocks = int(nblocks)
         self.padded = self.nblocks * self.bs
         self.pad = self.padded - self.n
 
@@ -125,6 +125,11 @@ class BlockLayout:
         """The fused CPU inversion's plan of this factor (``MsOptimBlockInverse[Out]``, ``factor_kernels``):
         ``(nblocks, pad, INVERSE_TOLERANCE)`` as float64."""
         return Tensor(np.array([self.nblocks, self.pad, INVERSE_TOLERANCE], np.float64))
+
+    @property
+    def geom(self) -> Tuple[int, int, int]:
+        """``(n, nblocks, bs)``: the layout as the graph's products read it (a tuple of constants)."""
+        return (self.n, self.nblocks, self.bs)
 
     @property
     def shape(self) -> Tuple[int, int, int]:

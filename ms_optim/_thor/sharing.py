@@ -59,7 +59,7 @@ import numpy as np
 from mindspore import Parameter, Tensor, nn, ops
 
 from ms_optim._thor import preconditioner as pc
-from ms_optim._thor.parallel import data_parallel_group_size, fusion_groups
+from ms_optim._thor.parallel import grouped_sum_allreduces
 
 __all__ = ["layout_cost", "layer_cost", "assign_inversions", "InverseSharing"]
 
@@ -108,6 +108,7 @@ class InverseSharing(nn.Cell):
         slots (Sequence[LayerSlot]): the optimizer's per-layer slots (their layouts give the costs).
         split_indices (Optional[Sequence[int]]): fusion groups, as for the factors.
         distribute (bool): ``distribute_inverses``.
+        ranks (int): the data-parallel group size (``ThorConfig.ranks``).
 
     Attributes: ``num_ranks`` (R, 1 unless distributing under data parallelism), ``rank``,
     ``owners`` (tuple: owner rank of each layer), ``owned`` (tuple of bool: this rank inverts layer
@@ -118,12 +119,11 @@ class InverseSharing(nn.Cell):
     Outputs: the shared inverses (the inputs themselves when R = 1).
     """
 
-    def __init__(self, slots: Sequence, split_indices: Optional[Sequence[int]], distribute: bool):
+    def __init__(self, slots: Sequence, split_indices: Optional[Sequence[int]], distribute: bool, ranks: int):
         super().__init__()
         self.num_layers = len(slots)
-        group_size = data_parallel_group_size()
-        self.is_distributed = bool(distribute) and group_size > 1
-        self.num_ranks = group_size if self.is_distributed else 1
+        self.is_distributed = bool(distribute) and ranks > 1
+        self.num_ranks = int(ranks) if self.is_distributed else 1
         self.rank = 0
         if self.is_distributed:
             from mindspore.communication import get_rank
@@ -138,13 +138,7 @@ class InverseSharing(nn.Cell):
                                              requires_grad=False)
             self.one_hot = tuple(Tensor(np.eye(self.num_layers, dtype=np.int32)[i]) for i in range(self.num_layers))
         if self.is_distributed:
-            groups = fusion_groups(self.num_layers, split_indices)
-            per_group = {}
-            for g in sorted(set(groups)):
-                op = ops.AllReduce(ops.ReduceOp.SUM)
-                op.add_prim_attr("fusion", _FUSION_BASE + g)
-                per_group[g] = op
-            self.allreduces: List = [per_group[g] for g in groups]
+            self.allreduces: List = grouped_sum_allreduces(self.num_layers, split_indices, _FUSION_BASE)
 
     def rank_loads(self) -> Tuple[int, ...]:
         """Total cost assigned to each rank."""

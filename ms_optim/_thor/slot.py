@@ -23,27 +23,33 @@ __all__ = ["LayerSlot", "layer_inverses", "invert_layer"]
 
 
 class LayerSlot(nn.Cell):
-    """Everything the optimizer keeps about THOR layer ``index``, read by GRAPH_MODE as constants.
+    """Everything the optimizer keeps about THOR layer ``index``, complete when built, read by GRAPH_MODE as
+    constants.
 
-    * ``kind`` (``"dense"``/``"conv"``/``"embedding"``) and ``is_embedding``;
+    * ``kind`` (a :class:`~ms_optim._thor.modes.Kind`) and ``is_embedding`` (A is a diagonal vector);
     * ``grad_index``: position of the layer's weight among the optimizer's parameters (the gradient
       the factor read waits for: the backward pass has stored the factors by then);
     * ``a_layout`` / ``g_layout``: the ``BlockLayout`` of A (None for an embedding's diagonal A)
       and of G; ``a_geom`` / ``g_geom``: their ``(n, nblocks, bs)``;
-    * ``a_eye``, ``a_pad_eye``, ``g_eye``, ``g_pad_eye``: their constant identity blocks and pad masks, or
-      with the fused CPU inversion ``inverse_kernel``, ``a_plan``, ``g_plan`` and ``g_fused`` (G inverted by
-      it), set by :meth:`attach_inversion_constants` for the layer-by-layer inversion (:func:`invert_layer`) only;
+    * ``rule`` (``device_rules.InverseRule``) and its parts ``g_rule``, ``max_scale``, with their constants
+      ``lead``, ``a_keep``, ``g_keep`` (``device_rules.rule_constants``);
+    * with ``layerwise`` (the strategy inverts layer by layer, :func:`invert_layer`): ``inverse_kernel``
+      (``()`` or the fused CPU op), ``a_plan``, ``g_plan``, ``g_fused`` (G inverted by it), or the identity
+      blocks and pad masks ``a_eye``, ``a_pad_eye``, ``g_eye``, ``g_pad_eye`` of the composite inversion;
+      the batched inversion needs none of them (each is the size of the factor);
     * ``a_inv`` / ``g_inv``: the stored inverses, Parameters ``matrix_a_inv_blocks_<index>`` /
       ``matrix_g_inv_blocks_<index>`` (initially the identity).
     """
 
-    def __init__(self, index: int, layer: ThorLayer, grad_index: int, block_size: Optional[int]):
+    def __init__(self, index: int, layer: ThorLayer, grad_index: int, block_size: Optional[int],
+                 rule: rules.InverseRule = rules.PLAIN_RULE, kernel: Optional[object] = None,
+                 layerwise: bool = False):
         super().__init__(auto_prefix=False)  # keep the inverses' names as they are (checkpoints)
         self.kind = layer.kind
-        self.is_embedding = layer.kind == "embedding"
+        self.is_embedding = bool(layer.a_is_diagonal)
         self.grad_index = int(grad_index)
         self.g_layout = pc.BlockLayout(int(layer.g_dim), block_size)
-        self.g_geom = (self.g_layout.n, self.g_layout.nblocks, self.g_layout.bs)
+        self.g_geom = self.g_layout.geom
         self.g_inv = Parameter(Tensor(pc.identity_blocks(self.g_layout)), name=f"matrix_g_inv_blocks_{index}",
                                requires_grad=False)
         if self.is_embedding:
@@ -52,7 +58,7 @@ class LayerSlot(nn.Cell):
             a_inv = np.ones((int(layer.a_dim),), np.float32)
         else:
             self.a_layout = pc.BlockLayout(int(layer.a_dim), block_size)
-            self.a_geom = (self.a_layout.n, self.a_layout.nblocks, self.a_layout.bs)
+            self.a_geom = self.a_layout.geom
             a_inv = pc.identity_blocks(self.a_layout)
         self.a_inv = Parameter(Tensor(a_inv), name=f"matrix_a_inv_blocks_{index}", requires_grad=False)
         want = ((int(layer.a_dim),) if self.is_embedding else stored_shape(layer.a_dim, block_size),
@@ -60,13 +66,18 @@ class LayerSlot(nn.Cell):
         if (tuple(layer.matrix_a_cov.shape), tuple(layer.matrix_g_cov.shape)) != want:
             raise ValueError(f"THOR layer {index} stores its factors as {tuple(layer.matrix_a_cov.shape)} and "
                              f"{tuple(layer.matrix_g_cov.shape)}, but the optimizer inverts blocks of {block_size}: "
-                             f"call layer.set_factor_block_size({block_size}) (thor() does).")
+                             f"convert the net with that block size (thor() does).")
+        self.rule = rule
+        self.g_rule, self.max_scale = rule
+        for name, value in rules.rule_constants(rule, self.a_layout, self.g_layout).items():
+            setattr(self, name, value)
+        if layerwise:
+            self._layerwise_constants(kernel)
 
-    def attach_inversion_constants(self, kernel: Optional[object] = None) -> None:
-        """Give the slot what :func:`invert_layer` needs (the optimizer calls this when it inverts layer by
-        layer; the batched inversion needs none): with the fused CPU ``kernel`` (``MsOptimBlockInverseOut``)
-        its plans, else the identity blocks and pad masks the composite inversion adds (a G under a special
-        rule of ``device_rules`` always takes the composite path)."""
+    def _layerwise_constants(self, kernel: Optional[object]) -> None:
+        """What :func:`invert_layer` reads: with the fused CPU ``kernel`` (``MsOptimBlockInverseOut``) its plans,
+        else the identity blocks and pad masks the composite inversion adds (a G under a special rule of
+        ``device_rules`` always takes the composite path)."""
         self.inverse_kernel = () if kernel is None else (kernel,)
         self.one = Tensor(1.0, mstype.float32)
         unused = Tensor(np.zeros((1,), np.float32))

@@ -1,0 +1,235 @@
+"""``thor()``'s arguments, validated once into a frozen :class:`ThorConfig`.
+
+``validate_thor`` checks every argument of ``thor()`` (nothing is modified; a refused call leaves the
+net as it was) and returns the config the converter and the optimizer are built from. Every later
+decision (the inversion strategy, the fusion groups, the update path) reads the config, never the
+raw arguments, and the data-parallel group size is read here, once.
+"""
+from __future__ import annotations
+
+import warnings
+from dataclasses import dataclass
+from typing import Any, Callable, Optional, Tuple
+
+import numpy as np
+from mindspore import Tensor, nn
+
+from ms_optim._thor import convert
+from ms_optim._thor.conventions import check_factor_convention, resolve_factor_convention
+from ms_optim._thor.device_rules import check_distribute_inverses
+from ms_optim._thor.modes import Inverse
+from ms_optim._thor.parallel import data_parallel_group_size
+from ms_optim._thor.trace import check_trace_thresholds
+from ms_optim._validation import (
+    check_bool,
+    check_callable,
+    check_finite,
+    check_float,
+    check_int,
+    check_non_negative,
+    check_number,
+    check_positive,
+    check_range,
+    check_tensor,
+    check_type,
+    describe,
+)
+
+__all__ = ["ThorConfig", "validate_thor"]
+
+_NAME = "thor"
+_INT32_MAX = 2**31 - 1
+_FLOAT32_MAX = float(np.finfo(np.float32).max)
+
+
+@dataclass(frozen=True, eq=False)
+class ThorConfig:
+    """Everything ``thor()`` was given, checked and in the types the optimizer stores.
+
+    ``split_indices`` is the fusion split as the all-reduces use it (None: one group);
+    ``factor_convention`` is the concrete convention (``"auto"`` resolved); ``ranks`` is the
+    data-parallel group size (1 on one device); ``trace_thresholds`` is None or ``(omega_1, omega_2)``.
+    """
+
+    learning_rate: Tensor
+    damping: Tensor
+    momentum: float
+    weight_decay: float
+    loss_scale: float
+    batch_size: int
+    use_nesterov: bool
+    decay_filter: Callable
+    split_indices: Optional[Tuple[int, ...]]
+    enable_clip_grad: bool
+    frequency: int
+    inverse: str
+    block_size: int
+    kl_clip: Optional[float]
+    factor_convention: str
+    distribute_inverses: bool
+    trace_thresholds: Optional[Tuple[float, float]]
+    ranks: int
+
+    @property
+    def factor_block_size(self) -> Optional[int]:
+        """The block width the factors are stored and inverted in (None: whole matrices)."""
+        return self.block_size if self.inverse == Inverse.BLOCKED else None
+
+    @property
+    def schedule_limits(self) -> Tuple[Tuple[str, int], ...]:
+        """``(argument, length)`` of each per-step (1-D) schedule: the step must stay inside them."""
+        return tuple((name, int(value.shape[0])) for name, value in (("learning_rate", self.learning_rate),
+                                                                    ("damping", self.damping))
+                     if value.ndim == 1)
+
+    @property
+    def sequential_update(self) -> bool:
+        """Whether the update can run one parameter after the other (no rule reads all gradients at once)."""
+        return self.kl_clip is None and not self.enable_clip_grad and not self.use_nesterov
+
+
+def _check_int32(name: str, value: int) -> int:
+    """An int the optimizer stores as int32 (frequency, sizes, indices): refuse what would wrap around."""
+    if value > _INT32_MAX:
+        raise ValueError(f"For '{_NAME}', the argument '{name}' must be <= {_INT32_MAX} (it is stored as int32), "
+                         f"but got {value!r}.")
+    return value
+
+
+def _check_float32(name: str, value) -> None:
+    """A finite number that stays finite as float32 (the optimizer stores it so)."""
+    check_finite(name, value, _NAME)
+    if abs(value) > _FLOAT32_MAX:
+        raise ValueError(f"For '{_NAME}', the argument '{name}' must be a finite float32 number (magnitude <= "
+                         f"{_FLOAT32_MAX:.6g}), but got {value!r}.")
+
+
+def _check_scalar(name: str, value, kind: Callable, bound: Callable) -> None:
+    """``kind`` (check_float / check_number / check_int), then ``bound`` (check_positive /
+    check_non_negative), then that the value fits the int32 or float32 it is stored as."""
+    kind(name, value, _NAME)
+    bound(name, value, _NAME)
+    (_check_int32 if kind is check_int else _check_float32)(name, value)
+
+
+def _whole_number(name: str, value: Any) -> Any:
+    """A float with a whole finite value as that int (MindSpore's thor keeps ``batch_size`` in a float32
+    Tensor, so ``32.0`` trains there); anything else unchanged, for the int check that follows."""
+    if isinstance(value, float):
+        _check_float32(name, value)
+        if not value.is_integer():
+            raise ValueError(f"For '{_NAME}', the argument '{name}' must be a whole number, but got {value!r}.")
+        return int(value)
+    return value
+
+
+def _check_kl_clip(kl_clip) -> None:
+    """None, or an int/float > 0 that is finite in float32."""
+    if kl_clip is None:
+        return
+    check_number("kl_clip", kl_clip, _NAME)
+    check_positive("kl_clip", kl_clip, _NAME)
+    _check_float32("kl_clip", kl_clip)
+
+
+def _check_schedule(name: str, value: Any) -> Tensor:
+    """A 0-D or non-empty 1-D Tensor of finite, non-negative numbers."""
+    check_tensor(name, value, _NAME, ndims=(0, 1))
+    if value.ndim == 1 and value.shape[0] == 0:
+        raise ValueError(f"For '{_NAME}', the argument '{name}' must not be empty, but got shape (0,).")
+    array = value.asnumpy().astype(np.float64)
+    if not np.all(np.isfinite(array)) or np.any(array < 0):
+        bad = array[~(np.isfinite(array) & (array >= 0))][0]
+        raise ValueError(f"For '{_NAME}', the argument '{name}' must hold finite values >= 0, "
+                         f"but got {float(bad)!r}.")
+    return value
+
+
+def _check_net(net, convention: str) -> int:
+    """The net is a Cell holding trainable parameters and at least one layer THOR preconditions under
+    ``convention``, and not itself a bare plain layer; returns its number of THOR layers."""
+    if convert.thor_class_for(net, convention) is not None:
+        raise ValueError(f"For '{_NAME}', the argument 'net' must be a network Cell that contains the layers to "
+                         f"precondition, but got a bare {type(net).__name__}, which cannot be replaced in place: "
+                         f"wrap it in a Cell (e.g. nn.SequentialCell([layer])).")
+    if not net.trainable_params():
+        raise ValueError(f"For '{_NAME}', the argument 'net' must have trainable parameters, but got none.")
+    num_layers = convert.count_thor_cells(net, convention)
+    if num_layers == 0:
+        raise ValueError(f"For '{_NAME}', the argument 'net' must contain at least one layer THOR can "
+                         f"precondition (a trainable nn.Dense, nn.Conv2d with group 1, nn.Embedding or "
+                         f"their THOR versions), but got {type(net).__name__} with none.")
+    return num_layers
+
+
+def _fusion_splits(split_indices, num_layers: int, ranks: int) -> Optional[Tuple[int, ...]]:
+    """``split_indices`` as the all-reduce fusion uses it, or None (one group).
+
+    MindSpore's thor reads ``split_indices`` only in data-parallel training, so on one device any list of
+    ints is accepted and ignored (a script may hard-code ResNet-50's ``[26, 53]`` for a smaller net). In
+    data parallel, as MindSpore's fusion pass: an empty list is one group, the indices must be strictly
+    increasing, and an index past the last layer splits nothing (skipped with a warning); a negative
+    index, which MindSpore cannot pass to its fusion pass, is a clear error here.
+    """
+    if split_indices is None:
+        return None
+    indices = tuple(split_indices)
+    if ranks <= 1:
+        return indices
+    if any(index < 0 for index in indices):
+        raise ValueError(f"For '{_NAME}', the argument 'split_indices' must hold non-negative layer indices in "
+                         f"data-parallel training, but got {list(indices)!r}.")
+    if any(b <= a for a, b in zip(indices, indices[1:])):
+        raise ValueError(f"For '{_NAME}', the argument 'split_indices' must be strictly increasing in "
+                         f"data-parallel training, but got {list(indices)!r}.")
+    kept = tuple(index for index in indices if index < num_layers)
+    if len(kept) < len(indices):
+        warnings.warn(f"For '{_NAME}', 'split_indices' {list(indices)!r}: the net has {num_layers} THOR layers "
+                      f"(indices 0..{num_layers - 1}); the indices past the last layer split nothing and are "
+                      f"ignored, as MindSpore's all-reduce fusion does.", UserWarning, stacklevel=4)
+    return kept
+
+
+def validate_thor(net, learning_rate, damping, momentum, weight_decay, loss_scale, batch_size, use_nesterov,
+                  decay_filter, split_indices, enable_clip_grad, frequency, *, inverse, block_size, kl_clip,
+                  factor_convention, distribute_inverses, trace_thresholds) -> ThorConfig:
+    """Check every argument of ``thor()`` (its docstring lists the errors); nothing is modified."""
+    check_type("net", net, nn.Cell, _NAME, what="a Cell")
+    _check_schedule("learning_rate", learning_rate)
+    _check_schedule("damping", damping)
+    _check_scalar("momentum", momentum, check_float, check_non_negative)
+    _check_scalar("weight_decay", weight_decay, check_number, check_non_negative)
+    _check_scalar("loss_scale", loss_scale, check_number, check_positive)
+    batch_size = _whole_number("batch_size", batch_size)
+    _check_scalar("batch_size", batch_size, check_int, check_positive)
+    check_bool("use_nesterov", use_nesterov, _NAME)
+    check_callable("decay_filter", decay_filter, _NAME)
+    if not isinstance(enable_clip_grad, int):  # MindSpore's thor tests its truth value: 0 and 1 train there too
+        check_bool("enable_clip_grad", enable_clip_grad, _NAME)
+    check_int("frequency", frequency, _NAME)
+    check_range("frequency", frequency, low=2, cls_name=_NAME)
+    _check_int32("frequency", frequency)
+    if inverse not in Inverse.ALL:
+        raise ValueError(f"For '{_NAME}', the argument 'inverse' must be 'blocked' or 'full', "
+                         f"but got {describe(inverse)}.")
+    _check_scalar("block_size", block_size, check_int, check_positive)
+    _check_kl_clip(kl_clip)
+    check_factor_convention(factor_convention, _NAME)
+    check_bool("distribute_inverses", distribute_inverses, _NAME)
+    convention = resolve_factor_convention(factor_convention)
+    num_layers = _check_net(net, convention)
+    if split_indices is not None:
+        check_type("split_indices", split_indices, (list, tuple), _NAME, what="a list of ints or None")
+        for index in split_indices:
+            check_int("split_indices", index, _NAME)
+    thresholds = check_trace_thresholds(trace_thresholds, _NAME)
+    ranks = data_parallel_group_size()
+    splits = _fusion_splits(split_indices, num_layers, ranks)
+    check_distribute_inverses(distribute_inverses, convention, factor_convention, _NAME)
+    return ThorConfig(learning_rate=learning_rate, damping=damping, momentum=float(momentum),
+                      weight_decay=float(weight_decay), loss_scale=float(loss_scale), batch_size=int(batch_size),
+                      use_nesterov=bool(use_nesterov), decay_filter=decay_filter, split_indices=splits,
+                      enable_clip_grad=bool(enable_clip_grad), frequency=int(frequency), inverse=inverse,
+                      block_size=int(block_size), kl_clip=None if kl_clip is None else float(kl_clip),
+                      factor_convention=convention, distribute_inverses=bool(distribute_inverses),
+                      trace_thresholds=thresholds, ranks=ranks)
