@@ -59,6 +59,11 @@ html_theme_options = {"navigation_depth": 3, "collapse_navigation": False}
 
 pygments_style = "sphinx"
 
+# The machine every figure of these pages was measured on, and where the results live.
+rst_epilog = """
+.. |machine| replace:: 2-core x86_64 CPU, 24 GiB, MindSpore 2.10.0 on CPU
+"""
+
 # A few docstrings qualify a section heading ("Args (as ``mindspore.train.Model``):") or put its text on
 # the heading's line ("Args: as ``nn.Conv2d`` (...)"); napoleon only knows the bare heading. Before
 # napoleon reads them, the qualifier becomes a sentence above a bare heading.
