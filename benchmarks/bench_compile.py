@@ -21,9 +21,9 @@ Reported per net, each THOR figure also as a ratio to Momentum's:
   preconditioning of every step and the factors and inversions of a THOR step, as counted by
   ``benchmarks/_thor_flops.py`` (layer sizes from one PYNATIVE forward pass after the measured steps).
 
-The targets of issue 21 are printed beside the ratios: build+compile <= 2x (aim 1.5x), resident after
-compile <= Momentum + 35% (aim + 25%), and THOR's overhead growing at most linearly in the number of
-THOR layers (the plot: overhead against layers).
+The targets are printed beside the ratios: build+compile <= 2x Momentum's, resident after compile <=
+Momentum's + 35%, and THOR's overhead growing at most linearly in the number of THOR layers (the plot:
+overhead against layers).
 
     python benchmarks/bench_compile.py                                # resnet18/34/50/101 and bert-base
     python benchmarks/bench_compile.py --nets resnet50 --batch 8      # one net

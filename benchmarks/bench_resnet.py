@@ -16,7 +16,7 @@ ordinary THOR step (medians over rounds). A THOR run at frequency f costs on ave
 reported for f = 834 (the published ImageNet setting: one THOR step per epoch-ish of 8x32 images)
 and f = 100, as images/s and as the ratio to Momentum's images/s. On a GPU or Ascend device the
 script also prints ms/step next to the published per-step times (MindSpore model zoo, ResNet-50
-THOR, 8 x Ascend 910: 20.4 ms/step; the THOR GPU figure quoted in issue 4: 76 ms/step).
+THOR, 8 x Ascend 910: 20.4 ms/step; the published THOR GPU figure: 76 ms/step).
 
     python benchmarks/bench_resnet.py                 # full run (many minutes on a 2-core CPU)
     python benchmarks/bench_resnet.py --quick         # smoke run: small images and batches, 2 rounds
@@ -48,7 +48,7 @@ if not __package__:
 from benchmarks._common import RESULTS_DIR, bar_plot, write_json  # noqa: E402
 
 PUBLISHED_MS_PER_STEP = {"Ascend 910 (MindSpore zoo, ResNet-50 THOR, batch 32)": 20.4,
-                         "GPU (issue 4's published THOR figure, ResNet-50, batch 32)": 76.0}
+                         "GPU (published THOR figure, ResNet-50, batch 32)": 76.0}
 FREQUENCIES = (834, 100)
 
 

@@ -13,7 +13,7 @@ The model: ``--tensors`` parameters (default 64) of equal size, ``--params`` flo
 (default 16M). Prints a table and writes ``bench_step.json`` and ``bench_step.png`` into
 ``--out-dir`` (default ``benchmarks/results``).
 
-Targets (issue 2): ASGD <= 1.0x MindSpore's ASGD; Lamb <= 2.5x Momentum; LARS(Momentum) <= 1.5x Momentum.
+Targets: ASGD <= 1.0x MindSpore's ASGD; Lamb <= 2.5x Momentum; LARS(Momentum) <= 1.5x Momentum.
 
     python benchmarks/bench_step.py            # full run (a few minutes on 2 CPU cores)
     python benchmarks/bench_step.py --quick    # smoke run: 64 x 4096 values, 5 calls each

@@ -326,7 +326,7 @@ class _TwiceShared(nn.Cell):
 
 
 def test_layer_called_twice_keeps_first_call_factors(mode, path, rng):
-    """A layer used twice in a step (GRAPH mode used to report a graph cycle here) stores A and G of
+    """A layer used twice in a step (in GRAPH mode too, without a graph cycle) stores A and G of
     the same call: the first, whose backward runs last."""
     w = _f32(rng, 3, 3)
     net = _TwiceShared(DenseThor(3, 3, weight_init=Tensor(w), has_bias=False))

@@ -1,4 +1,4 @@
-"""A THOR step past the end of its per-step ``learning_rate``/``damping`` changes nothing (issue 22, 3d).
+"""A THOR step past the end of its per-step ``learning_rate``/``damping`` changes nothing.
 
 The optimizer refuses such a step with a clear error, but it runs after the backward pass, in which the
 layers' taps write ``matrix_a_cov``/``matrix_g_cov`` on a THOR step. GRAPH mode refuses the whole graph;
@@ -81,7 +81,7 @@ def test_jit_step_in_pynative_trains_and_refuses_without_change(rng):
 
 
 def test_new_optimizer_drops_the_old_schedule_guard(rng):
-    """A second ``thor()`` on the same net with scalar schedules: the taps no longer hold the first optimizer's
+    """A second ``thor()`` on the same net with scalar schedules: the taps do not keep the first optimizer's
     guard, whose step (past the end of its 2-value list) would refuse every PYNATIVE step of the new one."""
     import mindspore as ms
 
