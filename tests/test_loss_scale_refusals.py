@@ -180,6 +180,26 @@ def test_dynamic_scale_that_reaches_inf_or_zero_stops_the_run(mode, rng, init, f
     assert int(cell.loss_scale_step.asnumpy()) == good_steps
 
 
+def test_refused_step_runs_nothing_not_even_the_forward_pass(mode, rng):
+    """BatchNorm's moving statistics, updated by a training forward pass, stay as after the last good step:
+    the check comes before the step's forward pass, not only before its optimizer."""
+    net = nn.SequentialCell([_net(rng), nn.BatchNorm1d(3)])
+    opt = nn.Momentum(net.trainable_params(), LR, MOMENTUM)
+    cell = TrainOneStepWithLossScaleCell(nn.WithLossCell(net, nn.MSELoss()), opt,
+                                         nn.DynamicLossScaleUpdateCell(2.0 ** 120, 2.0 ** 10, 1)).set_train()
+    x, y = _data(rng)
+    initial = _state(net)
+    cell(Tensor(x), Tensor(y))
+    after_good = _state(cell, opt)
+    moving = [name for name in initial if "moving" in name]
+    assert len(moving) == 2 and all(not np.array_equal(after_good[n], initial[n]) for n in moving)
+    with pytest.raises(ValueError, match=r"'scale_sense'.*inf at step 2"):
+        cell(Tensor(x), Tensor(y))
+    after_refused = _state(cell, opt)
+    for name, value in after_good.items():
+        np.testing.assert_array_equal(after_refused[name], value, err_msg=name)
+
+
 def _model(kind, net, opt, manager):
     if kind == "Model":
         with ms_optim.use(verbose=False):
