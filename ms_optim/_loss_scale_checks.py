@@ -32,6 +32,7 @@ from typing import Any, Optional
 import numpy as np
 from mindspore import Tensor, nn, ops
 from mindspore import dtype as mstype
+from mindspore.amp import DynamicLossScaleManager, FixedLossScaleManager
 
 from ms_optim._validation import describe
 
@@ -41,7 +42,14 @@ _CELL = "TrainOneStepWithLossScaleCell"
 _WANTED = ("a floating-point Tensor or a loss-scale update cell (a Cell with get_loss_scale() and "
            "construct(loss_scale, overflow), such as DynamicLossScaleUpdateCell or FixedLossScaleUpdateCell)")
 # the argument of MindSpore's managers that get_loss_scale() returns (named in the message)
-_MANAGER_SCALE_ARGUMENT = {"FixedLossScaleManager": "loss_scale", "DynamicLossScaleManager": "init_loss_scale"}
+_MANAGER_SCALE_ARGUMENT = ((FixedLossScaleManager, "loss_scale"), (DynamicLossScaleManager, "init_loss_scale"))
+
+
+def _item(tensor: Tensor) -> Any:
+    """The value of a one-element Tensor as a Python number (bfloat16 read through float32)."""
+    if tensor.dtype == mstype.bfloat16:
+        tensor = tensor.astype(mstype.float32)
+    return tensor.asnumpy().reshape(()).item()
 
 
 def _as_number(value: Any) -> Optional[float]:
@@ -52,7 +60,7 @@ def _as_number(value: Any) -> Optional[float]:
     if isinstance(value, numbers.Real):
         return float(value)
     if isinstance(value, Tensor) and value.dtype in mstype.float_type and value.size == 1:
-        return float(value.asnumpy().reshape(()))
+        return float(_item(value))
     return None
 
 
@@ -64,7 +72,7 @@ def _usable(value: float) -> bool:
 def _check_tensor(scale: Tensor, owner: str) -> None:
     if tuple(scale.shape) not in ((), (1,)):
         return  # MindSpore's own ValueError names the shape
-    shown = scale.asnumpy().reshape(()).item()
+    shown = _item(scale)
     if scale.dtype not in mstype.float_type:
         raise TypeError(f"For '{owner}', the argument 'scale_sense' must be {_WANTED}, but got a Tensor of dtype "
                         f"{scale.dtype}: {shown!r}.")
@@ -147,9 +155,10 @@ def check_loss_scale_manager(manager: Any) -> None:
         return
     getter = getattr(manager, "get_loss_scale", None)
     if callable(getter):
-        argument = _MANAGER_SCALE_ARGUMENT.get(type(manager).__name__, "get_loss_scale()")
+        argument = next((name for kind, name in _MANAGER_SCALE_ARGUMENT if isinstance(manager, kind)),
+                        "get_loss_scale()")
         _refuse_manager(manager, argument, getter())
-    if type(manager).__name__ == "DynamicLossScaleManager":
+    if isinstance(manager, DynamicLossScaleManager):
         _refuse_manager(manager, "scale_factor", getattr(manager, "scale_factor", None))
 
 

@@ -84,6 +84,9 @@ class TrainOneStepWithLossScaleCell(nn.TrainOneStepWithLossScaleCell):
         Tuple of (loss, overflow, scale): the loss, whether this step overflowed (bool Tensor), and the
         loss scale after this step's update (as MindSpore's cell returns it).
 
+    Besides MindSpore's attributes, ``loss_scale_step`` (an int32 Parameter) counts the steps run; the error
+    that stops a run whose scale went bad names that step.
+
     Raises:
         TypeError: if ``scale_sense`` is neither a Tensor nor a Cell, a bool or integer Tensor, or a Cell that is
             not a loss-scale update cell: one with ``get_loss_scale()`` (returning a number) and
