@@ -9,8 +9,16 @@ allocated in the forward pass of the first step (found by tracing the process's 
 
 What. :func:`float16_add_via_float32` re-registers the graph meaning of ``+`` for two tensors so that,
 when both are float16 and of one static shape, the graph computes ``cast(cast(x, f32) + cast(y, f32),
-f16)``; every other pair keeps MindSpore's own ``+`` (``ms_optim`` calls it once; it applies to graphs
-compiled afterwards, GRAPH mode and ``ms.jit``; PYNATIVE's ``Tensor.__add__`` does not use it).
+f16)``; every other pair keeps MindSpore's own ``+``. It applies to graphs compiled afterwards in the
+whole process (GRAPH mode and ``ms.jit``; PYNATIVE's ``Tensor.__add__`` does not use it).
+:func:`restore_float16_add` undoes it (for graphs compiled afterwards). Both are public
+(``ms_optim.float16_add_via_float32``, ``ms_optim.restore_float16_add``).
+
+When. ``ModelThor`` installs it on CPU (device_target "CPU"), in ``_build_train_network``, i.e. when the
+model builds its training cell (at construction, as ``Model``) -- before that cell is compiled -- and
+leaves it installed. To have MindSpore's ``+`` in graphs compiled later in the same process, call
+``ms_optim.restore_float16_add()`` after building the ``ModelThor`` (graphs already compiled keep the add
+they were compiled with).
 
 Same numbers. The float32 sum of two float16 values rounded to float16 is the correctly rounded float16
 sum: float32 carries 24 bits, at least 2 * 11 + 2, which makes the double rounding of an addition
@@ -47,14 +55,17 @@ def _add_tensors(x, y):
 
 def float16_add_via_float32() -> None:
     """Make graphs compiled from now on add float16 tensors through float32 (same bits, see the module
-    docstring). Idempotent. ``ModelThor`` calls it on CPU before it builds its training cell."""
+    docstring), in the whole process. Idempotent. ``ModelThor`` calls it on CPU when it builds its training
+    cell (``_build_train_network``, run at construction); :func:`restore_float16_add` undoes it."""
     if not _STATE["installed"] and _MINDSPORE_ADD is not None:
         add_impl.add.register("Tensor", "Tensor")(_add_tensors)
         _STATE["installed"] = True
 
 
 def restore_float16_add() -> None:
-    """Give ``+`` of two tensors MindSpore's own meaning again (for graphs compiled from now on)."""
+    """Give ``+`` of two tensors MindSpore's own meaning again, for graphs compiled from now on (graphs
+    already compiled keep theirs): the undo of :func:`float16_add_via_float32`, e.g. after a ``ModelThor``
+    on CPU installed it. Idempotent; does nothing when it is not installed."""
     if _STATE["installed"]:
         add_impl.add.register("Tensor", "Tensor")(_MINDSPORE_ADD)
         _STATE["installed"] = False

@@ -13,6 +13,13 @@ all-reduced in data-parallel runs, tested for overflow, the scale manager (``sca
 optimizer runs only when there was no overflow, so an overflowing step leaves parameters and
 every optimizer state untouched.
 
+A loss scale that cannot train is refused (``ms_optim._loss_scale_checks``): at construction, a
+``scale_sense`` Tensor that is NaN, infinite, <= 0 (ValueError) or of a bool or integer dtype (TypeError),
+and a Cell that is not a loss-scale update cell (TypeError); while training, a scale that a dynamic
+manager's updates drove to 0 or to a non-finite value stops the run before the step that would use it
+(ValueError naming the scale and the step; the parameters stay as after the previous step).
+``build_train_network`` and ``ModelThor`` refuse such a ``loss_scale_manager`` before building anything.
+
 For an ms_optim THOR optimizer it also feeds the scale this step's backward pass used (read before
 the manager updates it) into the optimizer (``feed_loss_scale``), because the THOR layers' G factors
 carry that scale squared.
@@ -34,10 +41,12 @@ run, then wrapped in this cell. ``use()`` installs it as MindSpore's.
 from __future__ import annotations
 
 import numpy as np
-from mindspore import Tensor, context, nn, ops
+from mindspore import Parameter, Tensor, context, nn, ops
 from mindspore import dtype as mstype
 from mindspore.amp import DynamicLossScaleManager
 from mindspore.train import amp as _ms_amp
+
+from ms_optim._loss_scale_checks import check_loss_scale_at_step, check_loss_scale_manager, check_scale_sense
 
 __all__ = ["TrainOneStepWithLossScaleCell", "build_train_network"]
 
@@ -75,8 +84,19 @@ class TrainOneStepWithLossScaleCell(nn.TrainOneStepWithLossScaleCell):
         Tuple of (loss, overflow, scale): the loss, whether this step overflowed (bool Tensor), and the
         loss scale after this step's update (as MindSpore's cell returns it).
 
+    Besides MindSpore's attributes, ``loss_scale_step`` (an int32 Parameter) counts the steps run; the error
+    that stops a run whose scale went bad names that step.
+
     Raises:
-        TypeError: if ``scale_sense`` is neither a Cell nor a Tensor (as MindSpore's cell).
+        TypeError: if ``scale_sense`` is neither a Tensor nor a Cell, a bool or integer Tensor, or a Cell that is
+            not a loss-scale update cell: one with ``get_loss_scale()`` (returning a number) and
+            ``construct(loss_scale, overflow)``, as MindSpore's ``DynamicLossScaleUpdateCell`` and
+            ``FixedLossScaleUpdateCell``.
+        ValueError: if the Tensor's shape is not () or (1,) (as MindSpore's cell); if the Tensor, or the update
+            cell's ``get_loss_scale()``, is NaN, infinite or <= 0; if a ``DynamicLossScaleUpdateCell``'s
+            ``scale_factor`` is; and during training, before a step whose loss scale has become NaN, infinite
+            or <= 0 (the dynamic manager's updates, or a value assigned): that step does not run, and the
+            message names the scale and the step.
 
     Examples:
         >>> import mindspore as ms
@@ -88,15 +108,27 @@ class TrainOneStepWithLossScaleCell(nn.TrainOneStepWithLossScaleCell):
     """
 
     def __init__(self, network, optimizer, scale_sense):
+        check_scale_sense(scale_sense)
         super().__init__(network, optimizer, scale_sense)
+        # the number of steps run, for the message of check_loss_scale_at_step
+        self.loss_scale_step = Parameter(Tensor(0, mstype.int32), name="loss_scale_step", requires_grad=False)
         if not self.reducer_flag:  # MindSpore sets it in data parallel only; subclasses read it (grads / degree)
             self.degree = 1
         self.overflow_status = Tensor(np.zeros(8, np.int32))  # start_overflow_check's placeholder, made once
         self.feeds_loss_scale = callable(getattr(optimizer, "feed_loss_scale", None))
 
+    def set_sense_scale(self, sens):
+        """Set a Tensor ``scale_sense`` to ``sens`` (as MindSpore's), refused as the constructor refuses it."""
+        if isinstance(sens, Tensor):
+            check_scale_sense(sens)
+        super().set_sense_scale(sens)
+
     def construct(self, *inputs):
+        step = self.loss_scale_step + 1
+        # a copy (the manager may update scale_sense below), checked before anything of this step runs
+        used_scale = check_loss_scale_at_step(self.scale_sense * 1.0, step)
+        ops.assign(self.loss_scale_step, step)
         loss = self.network(*inputs)
-        used_scale = self.scale_sense * 1.0  # a copy: the manager may update scale_sense below
         sens = ops.ones_like(loss) * ops.cast(used_scale, ops.dtype(loss))
         grads = self.grad(self.network, self.weights)(*inputs, sens)
         grads = self.hyper_map(ops.partial(_unscale, ops.reciprocal(used_scale)), grads)
@@ -147,11 +179,14 @@ def build_train_network(network, optimizer, loss_fn=None, level="O0", boost_leve
     :class:`TrainOneStepWithLossScaleCell` with the manager's update cell. Everything else is MindSpore's.
 
     Raises:
+        TypeError, ValueError: a ``loss_scale_manager`` whose loss scale (or a dynamic manager's ``scale_factor``)
+            is not a number, or is NaN, infinite or <= 0 (on every device, before anything is built).
         ValueError: as MindSpore's; and on CPU, for a skipping manager together with ``boost_level`` "O1"/"O2",
             pipeline stages or gradient accumulation (cells that have no portable loss-scale version here).
     """
     manager = kwargs["loss_scale_manager"] if "loss_scale_manager" in kwargs else (
         DynamicLossScaleManager() if level == "O2" else None)  # amp level O2's documented default
+    check_loss_scale_manager(manager)
     on_cpu = context.get_context("device_target") == "CPU" and not context.get_context("enable_ge")
     if not (on_cpu and _skips_overflow(manager)):
         return _MINDSPORE_BUILD_TRAIN_NETWORK(network, optimizer, loss_fn, level, boost_level, **kwargs)

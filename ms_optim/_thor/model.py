@@ -30,6 +30,10 @@ The training cell is built as MindSpore's ``Model`` builds it (``amp_level`` O0/
   used (before the manager updates it) into the optimizer's ``factor_loss_scale``, by which the
   layers' G are unscaled.
 
+A manager whose loss scale (or a dynamic manager's ``scale_factor``) is NaN, infinite or <= 0 is refused
+before anything is built, with the error ``Model`` gives under ``ms_optim.use()``
+(``ms_optim._loss_scale_checks.check_loss_scale_manager``).
+
 Memory. The training cell returns the memory its compilation freed to the operating system once
 it is compiled (``ms_optim.release_freed_memory``, see ``ms_optim._memory``): THOR's graph is several
 times a plain step's, and on ResNet-50 this takes about 0.5 GiB off every later step's peak.
@@ -50,6 +54,7 @@ from mindspore.train.loss_scale_manager import LossScaleManager
 from mindspore.train.model import Model
 
 from ms_optim._float16_add import float16_add_via_float32
+from ms_optim._loss_scale_checks import check_loss_scale_manager
 from ms_optim._memory import release_after_compile
 from ms_optim._thor.optimizer import ThorOptimizer
 from ms_optim._validation import check_bool, check_int, check_type, describe
@@ -115,8 +120,9 @@ class ModelThor(Model):
 
     def _build_train_network(self):
         """The training cell (:meth:`_build_step_cell`), releasing its compilation's freed memory once compiled.
-        On CPU, float16 ``+`` in the graph goes through float32 (``ms_optim._float16_add``: the same bits,
-        without the CPU ``Add`` kernel's per-element index arrays)."""
+        On CPU, float16 ``+`` in the graph goes through float32 (``ms_optim.float16_add_via_float32``: the same
+        bits, without the CPU ``Add`` kernel's per-element index arrays), for every graph the process compiles
+        from then on; ``ms_optim.restore_float16_add()`` gives ``+`` MindSpore's meaning back."""
         if context.get_context("device_target") == "CPU":
             float16_add_via_float32()
         return release_after_compile(self._build_step_cell())
@@ -126,6 +132,8 @@ class ModelThor(Model):
         if self._optimizer is None:
             return super()._build_train_network()
         level = _resolve_amp_level(self._amp_level)
+        manager = self._loss_scale_manager_for(level)
+        check_loss_scale_manager(manager)  # as Model's build_train_network: before anything is cast or built
         amp_config = {"loss_scale_manager": None}
         if self._keep_bn_fp32 is not None:
             amp_config["keep_batchnorm_fp32"] = self._keep_bn_fp32
@@ -133,7 +141,6 @@ class ModelThor(Model):
         # loss network and choose the step cell ourselves.
         plain = amp.build_train_network(self._network, self._optimizer, self._loss_fn, level=level, **amp_config)
         loss_network = plain.network
-        manager = self._loss_scale_manager_for(level)
         if manager is None:
             return nn.TrainOneStepCell(loss_network, self._optimizer).set_train()
         update_cell = manager.get_update_cell()
