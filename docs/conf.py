@@ -15,10 +15,6 @@ os.environ.setdefault("GLOG_v", "3")  # MindSpore: errors only while autodoc imp
 
 import ms_optim  # noqa: E402
 
-# ``restore_float16_add`` is public beside ``float16_add_via_float32``; where this checkout's export table
-# does not list it yet, the docs resolve it from the module that defines it.
-ms_optim._EXPORTS.setdefault("restore_float16_add", "ms_optim._float16_add")
-
 project = "ms_optim"
 author = "ms_optim contributors"
 copyright = "ms_optim contributors"  # noqa: A001  (Sphinx's name)
