@@ -3,13 +3,11 @@ r"""All of a THOR step's damped inversions: one fused op per factor on CPU, else
 On CPU (the fused switch of ``factor_kernels``) each factor is one ``MsOptimBlockInverse`` op: it damps
 each diagonal block, inverts it in double precision (Gauss-Jordan with partial pivoting), checks it as
 below in float32 and writes the stored inverse in place only when every block is accepted. Its
-temporaries are one block's, inside the op, and the graph holds one node per factor: against the
-batched composite inversion below, ResNet-50 (32x32, batch 2) compiled in 35.1/36.4 s instead of
-41.1/43.4 s, 1.055 instead of 1.096 GiB resident after compile, THOR step's peak 1.45 instead of 1.54
-GiB, and its THOR step took 1.2 to 1.5 s instead of 1.9 s. The inverses are those of the formula below
-rounded once to float32 (MindSpore's float32 ``MatrixInverse`` is up to 1000x further from the float64
-inverse on an ill-conditioned block: ``tests/test_thor_inverse_kernel.py``), so they differ from the
-composite path's in the last bits.
+temporaries are one block's, inside the op, and the graph holds one node per factor, so compile time,
+the compiled graph and the THOR step's peak stay below the batched composite inversion's
+(:doc:`benchmarks` has the figures). The inverses are those of the formula below rounded once to float32
+(MindSpore's float32 ``MatrixInverse`` is much further from the float64 inverse on an ill-conditioned
+block), so they differ from the composite path's in the last bits.
 
 Elsewhere (GPU, Ascend, ``MS_OPTIM_FUSED=0``): each layer's factors are stored as square diagonal blocks
 (``factors.stored_shape``): ``(n, n)`` when ``n <= bs``, else ``(nblocks, bs, bs)``. Blocks of the same width
@@ -23,13 +21,12 @@ Chunks. A width's factors are inverted in chunks of whole factors of at most ``C
 only after chunk ``i`` has stored its inverses. A chunk's temporaries (the concatenated and damped
 blocks, their inverse, the residual check, the selection) take several times its blocks' size; the
 damping and the residual's ``- I`` change the diagonals only (``MatrixDiagPart``/``MatrixSetDiag``),
-so no identity or damping term of the blocks' size is formed (THOR step's peak: ResNet-50 at 32x32
-1.58 -> 1.54 GiB; res2net-50, batch 4, after its steps 2094 -> 2048 MiB; same numbers). Before the chunks, one
-concatenation of every block of a width made that the THOR step's peak, growing with the net's depth
-(about 0.4 GiB at ResNet-101 at 32x32). ``MatrixInverse`` inverts each block on its own, so chunking
-changes no number. The per-factor work that is left
-(read, slice, store) is written as ``hyper_map`` over tuples: GRAPH_MODE specialises one small graph
-per element instead of unrolling a loop that grows a tuple, which compiled about 5x slower.
+so no identity or damping term of the blocks' size is formed. One concatenation of every block of a
+width would make the THOR step's peak grow with the net's depth; chunks keep it at one chunk's.
+``MatrixInverse`` inverts each block on its own, so chunking changes no number. The per-factor work
+that is left (read, slice, store) is written as ``hyper_map`` over tuples: GRAPH_MODE specialises one
+small graph per element instead of unrolling a loop that grows a tuple, which compiles several times
+slower.
 
 The composite path's numbers are those of ``slot.invert_layer``, block for block (``u = 1 / factor_loss_scale**2``):
 
@@ -46,7 +43,7 @@ The composite path's numbers are those of ``slot.invert_layer``, block for block
 (the fused op: the same, ``X_k`` inverted in double precision and rounded to float32; the all-reduce is
 one per factor). An embedding's diagonal A stays per layer (``1 / (a + sqrt(d))``, kept where not finite). Used
 when every layer is inverted on every THOR step (no ``trace_thresholds``, no ``distribute_inverses``);
-the trace rule and inverse sharing decide per layer and keep ``slot.invert_layer``.
+the trace rule and inverse sharing decide per layer: the ``PER_LAYER``/``SHARED`` strategies (``inversion.py``).
 """
 from __future__ import annotations
 
@@ -171,8 +168,7 @@ class _WidthGroup(nn.Cell):
             blocks = self.allreduce(blocks) * self.mean
         # the damping and the residual's "- I" touch the diagonals only (MatrixDiagPart/MatrixSetDiag): the same
         # values as adding (lam + p) * I and subtracting I, without an identity, a damping and a product of the
-        # blocks' full size (each a chunk-sized temporary of the THOR step; the broadcasting Mul/Sub they replace
-        # had been made explicit BroadcastTos because broadcasting inside them cost 0.28 GiB at ResNet-50)
+        # blocks' full size (each a chunk-sized temporary of the THOR step)
         damped = self._add_to_diagonal(blocks, lam + self.pads)
         inverse = self.inverse(damped)
         good = pc.residual_accepted(ops.abs(self._add_to_diagonal(ops.bmm(damped, inverse), -1.0)), (1, 2))
@@ -238,7 +234,7 @@ class GroupedInversion(nn.Cell):
     def anchor(self, gradients):
         """One tensor that waits for every gradient: the THOR branch captures it instead of the gradient tuple
         (a tuple captured by a branch is flattened by MindSpore's tuple_transform pass, which then re-infers
-        the whole graph: 0.13 s of ResNet-50's compile)."""
+        the whole graph)."""
         return F.depend(self.zero_step, gradients)
 
     def construct(self, anchor, lam, factor_loss_scale):

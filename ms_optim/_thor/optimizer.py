@@ -11,20 +11,20 @@ Algorithm (one call of the optimizer is one step ``t``, its ``global_step``; ``f
 
     g      <- grad / loss_scale                              for every trainable parameter
     lam    <- sqrt(damping[t])
-    if t % f == 0:                                            # a "THOR step"
-        for every THOR layer l (DenseThor, Conv2dThor, EmbeddingThor, in cells_and_names() order):
+    if t % f == 0:                                            # a "THOR step": self.inversion(...)
+        for every THOR layer l (in cells_and_names() order):
             A_l <- layer.matrix_a_cov                         # collected by the layer this step
-            G_l <- layer.matrix_g_cov / factor_loss_scale**2    # the scale of THIS step's backward
-        (A, G) <- FactorAllReduce(A), FactorAllReduce(G)      # mean over data-parallel ranks ("kfc"; "gpu"/"ascend"
-        average the inverses of the local factors instead, as MindSpore does: ms_optim._thor.averaging)
-        (distribute_inverses: each rank inverts only its layers, then shares them; ms_optim._thor.sharing)
+            G_l <- layer.matrix_g_cov / factor_loss_scale**2  # the scale of THIS step's backward
+        (A, G) <- mean over data-parallel ranks ("kfc"; "gpu"/"ascend" average the inverses of the local
+                  factors instead, as MindSpore does)
         Ainv_l <- blockdiag_k (A_l,k + lam I)^-1              # 128-wide diagonal blocks (last smaller),
         Ginv_l <- blockdiag_k (G_l,k + lam I)^-1              # or the whole matrix (inverse="full")
         (gpu/ascend: MindSpore's special inverses, e.g. Ascend's max-abs scale: ms_optim._thor.device_rules)
         (embedding: Ainv_l <- 1 / (a_l + lam), a_l the diagonal of A)
-        (all layers: ms_optim._thor.grouped: one fused op per factor on CPU, inverting in double precision;
-         elsewhere batched inversions per block width, in chunks, the same numbers as per layer)
         (with trace_thresholds: only the layers the trace rule of ms_optim._thor.trace selects)
+        How is the strategy's, chosen when the optimizer is built (ms_optim._thor.inversion): every layer at
+        once (one fused op per factor on CPU, batched per block width elsewhere), layer by layer, shared
+        across ranks (distribute_inverses) or averaged across ranks (gpu/ascend); the same numbers.
     (other steps reuse the stored Ainv, Ginv: no factor work at all)
     Dense/Conv2d weight:   g <- Ginv g Ainv                   (conv weight as out x (in*kh*kw))
     Embedding table:       g <- diag(Ainv) g Ginv
@@ -272,8 +272,8 @@ class ThorOptimizer(Optimizer):
     def _precondition(self, gradients, lam):
         """Apply the stored inverses (Dense/Conv/Embedding) and the LayerNorm rule; others unchanged.
 
-        One ``hyper_map`` (``pc.precondition_parameter``), not a loop growing a tuple (GRAPH_MODE compiled
-        that 5x slower)."""
+        One ``hyper_map`` (``pc.precondition_parameter``), not a loop growing a tuple (GRAPH_MODE compiles
+        that several times slower)."""
         precondition = F.partial(pc.precondition_parameter, self.precondition_kernel, lam, self.batch_size_float)
         return self.hyper_map(precondition, self.param_treatment, gradients, self.param_g_inv, self.param_a_inv)
 

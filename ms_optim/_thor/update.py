@@ -78,11 +78,12 @@ def _sequential_step_tensor(update, precondition, treatment, decay, gradient, we
     step, so one preconditioned gradient is alive at a time. (A depend of the gradient on the moment
     Parameter itself ordered nothing: a Parameter is no node of the execution order.)
     """
-    gradient = pc.precondition_parameter(precondition[0], precondition[1], precondition[2], treatment, gradient, g_inv,
-                                         a_inv)
-    if update[3] is not None:
-        gradient = apply_decay(update[3], decay, weight, gradient)
-    return momentum_step(update[0], update[1], update[2], gradient, weight, moment)
+    opt, momentum, learning_rate, weight_decay = update
+    kernel, lam, batch_size = precondition
+    gradient = pc.precondition_parameter(kernel, lam, batch_size, treatment, gradient, g_inv, a_inv)
+    if weight_decay is not None:
+        gradient = apply_decay(weight_decay, decay, weight, gradient)
+    return momentum_step(opt, momentum, learning_rate, gradient, weight, moment)
 
 
 @write_flag.register("Tensor", "Tensor")
