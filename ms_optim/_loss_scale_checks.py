@@ -93,20 +93,13 @@ def _check_update_cell(cell: nn.Cell, owner: str) -> None:
                         f"its construct cannot be called with (loss_scale, overflow).") from None
     except ValueError:  # no signature to read (a builtin): leave it to the first step
         pass
-    name = type(cell).__name__
-    value = getter()
-    number = _as_number(value)
-    if number is None:
-        raise TypeError(f"For '{owner}', the argument 'scale_sense' ({name}) must give a number from "
-                        f"get_loss_scale(), but got {describe(value)}.")
-    if not _usable(number):
-        raise ValueError(f"For '{owner}', the argument 'scale_sense' ({name}) must give a finite loss scale > 0 "
-                         f"from get_loss_scale(), but got {value!r}.")
+    subject = f"For '{owner}', the argument 'scale_sense' ({type(cell).__name__})"
+    _refuse_unless_usable(getter(), subject, "give a number from get_loss_scale()",
+                          "give a finite loss scale > 0 from get_loss_scale()")
     if isinstance(cell, nn.DynamicLossScaleUpdateCell):
         factor = _as_number(cell.scale_factor)
         if factor is None or not _usable(factor):
-            raise ValueError(f"For '{owner}', the argument 'scale_sense' ({name}) must have a finite scale_factor "
-                             f"> 0, but got {factor!r}.")
+            raise ValueError(f"{subject} must have a finite scale_factor > 0, but got {factor!r}.")
 
 
 def check_scale_sense(scale_sense: Any, owner: str = _CELL) -> None:
@@ -129,14 +122,19 @@ def check_scale_sense(scale_sense: Any, owner: str = _CELL) -> None:
                         f"{describe(scale_sense)}.")
 
 
+def _refuse_unless_usable(value: Any, subject: str, number: str, usable: str) -> None:
+    """TypeError ``"<subject> must <number>, but got ..."`` unless ``value`` is a number, ValueError
+    ``"<subject> must <usable>, ..."`` unless it is finite and > 0."""
+    as_number = _as_number(value)
+    if as_number is None:
+        raise TypeError(f"{subject} must {number}, but got {describe(value)}.")
+    if not _usable(as_number):
+        raise ValueError(f"{subject} must {usable}, but got {value!r}.")
+
+
 def _refuse_manager(manager: Any, argument: str, value: Any) -> None:
-    number = _as_number(value)
-    if number is None:
-        raise TypeError(f"The argument 'loss_scale_manager' ({type(manager).__name__}) must have a number as "
-                        f"'{argument}', but got {describe(value)}.")
-    if not _usable(number):
-        raise ValueError(f"The argument 'loss_scale_manager' ({type(manager).__name__}) must have a finite "
-                         f"'{argument}' > 0, but got {value!r}.")
+    _refuse_unless_usable(value, f"The argument 'loss_scale_manager' ({type(manager).__name__})",
+                          f"have a number as '{argument}'", f"have a finite '{argument}' > 0")
 
 
 def check_loss_scale_manager(manager: Any) -> None:
