@@ -9,15 +9,14 @@ import subprocess
 import sys
 
 import pytest
-
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from support import REPO
 
 pytestmark = pytest.mark.bench
 
 
 def test_bench_compile_quick_writes_results(tmp_path):
     out = tmp_path / "bench_compile_quick.json"
-    cmd = [sys.executable, os.path.join(ROOT, "benchmarks", "bench_compile.py"), "--quick", "--steps", "3",
+    cmd = [sys.executable, os.path.join(REPO, "benchmarks", "bench_compile.py"), "--quick", "--steps", "3",
            "--out", str(out)]
     run = subprocess.run(cmd, capture_output=True, text=True, timeout=1200)
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
@@ -37,6 +36,6 @@ def test_bench_compile_quick_writes_results(tmp_path):
 
 
 def test_bench_compile_help():
-    script = os.path.join(ROOT, "benchmarks", "bench_compile.py")
+    script = os.path.join(REPO, "benchmarks", "bench_compile.py")
     run = subprocess.run([sys.executable, script, "--help"], capture_output=True, text=True, timeout=120)
     assert run.returncode == 0 and "--nets" in run.stdout and "--quick" in run.stdout

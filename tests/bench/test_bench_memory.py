@@ -9,14 +9,13 @@ import subprocess
 import sys
 
 import pytest
-
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from support import REPO
 
 pytestmark = pytest.mark.bench
 
 
 def test_bench_memory_quick_writes_results(tmp_path):
-    cmd = [sys.executable, os.path.join(ROOT, "benchmarks", "bench_memory.py"), "--quick", "--out", str(tmp_path)]
+    cmd = [sys.executable, os.path.join(REPO, "benchmarks", "bench_memory.py"), "--quick", "--out", str(tmp_path)]
     run = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
     result = json.loads((tmp_path / "bench_memory_quick.json").read_text())
@@ -32,7 +31,7 @@ def test_bench_memory_quick_writes_results(tmp_path):
 
 
 def test_bench_memory_quick_float16_through_float32(tmp_path):
-    cmd = [sys.executable, os.path.join(ROOT, "benchmarks", "bench_memory.py"), "--quick", "--float16",
+    cmd = [sys.executable, os.path.join(REPO, "benchmarks", "bench_memory.py"), "--quick", "--float16",
            "--float16-add", "float32", "--out", str(tmp_path)]
     run = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
@@ -42,7 +41,7 @@ def test_bench_memory_quick_float16_through_float32(tmp_path):
 
 
 def test_bench_memory_help_and_bad_case():
-    script = os.path.join(ROOT, "benchmarks", "bench_memory.py")
+    script = os.path.join(REPO, "benchmarks", "bench_memory.py")
     run = subprocess.run([sys.executable, script, "--help"], capture_output=True, text=True, timeout=120)
     assert run.returncode == 0 and "--cases" in run.stdout and "--max-rss-gb" in run.stdout
     assert "--no-release" in run.stdout and "--float16-add" in run.stdout

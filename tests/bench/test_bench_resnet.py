@@ -1,5 +1,5 @@
 """Smoke run of benchmarks/bench_resnet.py --quick (marked `bench`: excluded from the default run;
-`python -m pytest -m bench tests/zoo` runs it)."""
+`python -m pytest -m bench tests/bench` runs it)."""
 from __future__ import annotations
 
 import json
@@ -8,13 +8,12 @@ import subprocess
 import sys
 
 import pytest
-
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from support import REPO
 
 
 @pytest.mark.bench
 def test_bench_resnet_quick_writes_json_and_png(tmp_path):
-    proc = subprocess.run([sys.executable, os.path.join(ROOT, "benchmarks", "bench_resnet.py"), "--quick",
+    proc = subprocess.run([sys.executable, os.path.join(REPO, "benchmarks", "bench_resnet.py"), "--quick",
                            "--only", "resnet18", "--out-dir", str(tmp_path)],
                           capture_output=True, text=True, timeout=1200)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]

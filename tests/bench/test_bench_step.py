@@ -1,5 +1,5 @@
 """Smoke run of benchmarks/bench_step.py --quick (marked `bench`: excluded from the default run;
-run with `python -m pytest -m bench tests/test_bench_step.py`). Checks that the script runs end to
+run with `python -m pytest -m bench tests/bench/test_bench_step.py`). Checks that the script runs end to
 end and writes well-formed results; it asserts no timing."""
 import json
 import os
@@ -7,17 +7,16 @@ import subprocess
 import sys
 
 import pytest
-
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from support import REPO
 
 
 @pytest.mark.bench
 def test_bench_step_quick_writes_table_json_and_png(tmp_path):
-    script = os.path.join(ROOT, "benchmarks", "bench_step.py")
+    script = os.path.join(REPO, "benchmarks", "bench_step.py")
     help_text = subprocess.run([sys.executable, script, "--help"], capture_output=True, text=True, check=True)
     assert "--quick" in help_text.stdout and "Targets" in help_text.stdout
     run = subprocess.run([sys.executable, script, "--quick", "--out-dir", str(tmp_path)], capture_output=True,
-                         text=True, timeout=600, cwd=ROOT)
+                         text=True, timeout=600, cwd=REPO)
     assert run.returncode == 0, run.stderr[-3000:]
     assert "ms/step" in run.stdout
     with open(tmp_path / "bench_step_quick.json", encoding="utf-8") as handle:

@@ -9,14 +9,13 @@ import subprocess
 import sys
 
 import pytest
-
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from support import REPO
 
 pytestmark = pytest.mark.bench
 
 
 def test_bench_thor_quick_writes_results(tmp_path):
-    cmd = [sys.executable, os.path.join(ROOT, "benchmarks", "bench_thor.py"), "--quick", "--repeats", "2",
+    cmd = [sys.executable, os.path.join(REPO, "benchmarks", "bench_thor.py"), "--quick", "--repeats", "2",
            "--tta-epochs", "1", "--tta-seconds", "10", "--out", str(tmp_path)]
     run = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
@@ -36,6 +35,6 @@ def test_bench_thor_quick_writes_results(tmp_path):
 
 
 def test_bench_thor_help():
-    run = subprocess.run([sys.executable, os.path.join(ROOT, "benchmarks", "bench_thor.py"), "--help"],
+    run = subprocess.run([sys.executable, os.path.join(REPO, "benchmarks", "bench_thor.py"), "--help"],
                          capture_output=True, text=True, timeout=120)
     assert run.returncode == 0 and "--quick" in run.stdout and "--skip-tta" in run.stdout and "--stem" in run.stdout

@@ -6,9 +6,9 @@ import subprocess
 import sys
 
 import pytest
+from support import REPO
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-SCRIPT = os.path.join(ROOT, "benchmarks", "bench_thor_robust.py")
+SCRIPT = os.path.join(REPO, "benchmarks", "bench_thor_robust.py")
 
 pytestmark = pytest.mark.bench
 

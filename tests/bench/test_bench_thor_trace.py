@@ -10,9 +10,9 @@ import subprocess
 import sys
 
 import pytest
+from support import REPO
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-SCRIPT = os.path.join(ROOT, "benchmarks", "bench_thor_trace.py")
+SCRIPT = os.path.join(REPO, "benchmarks", "bench_thor_trace.py")
 
 pytestmark = pytest.mark.bench
 

@@ -2,7 +2,7 @@
 
 For an argument and a value drawn by hypothesis (wrong types, bools, numpy scalars, NaN, +-inf,
 negatives, huge numbers beyond int32/float32, ordinary ints and floats, Tensors), the rest of the
-arguments good (tests/optim_table.py's tables for the three first-order optimizers): either
+arguments good (tests/support/optim_table.py's tables for the three first-order optimizers): either
 
 * the object is built AND one training step runs with a finite loss and finite parameters, or
 * it raises TypeError or ValueError whose message names the argument (``'<name>'``);
@@ -20,7 +20,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from mindspore import Parameter, Tensor, nn, ops
-from optim_table import BY_NAME
+from support.optim_table import BY_NAME
 
 from ms_optim._thor.factory import thor
 from ms_optim._thor.layers import Conv2dThor, DenseThor, EmbeddingThor
@@ -40,7 +40,7 @@ def _finite(*arrays) -> bool:
 
 
 # ----------------------------------------------------------------------------------- first-order optimizers
-def _params() -> List[Parameter]:
+def _dense_params() -> List[Parameter]:
     rng = np.random.default_rng(0)
     return [Parameter(Tensor(rng.standard_normal((3, 16)).astype(np.float32) * 0.1), name="dense.weight"),
             Parameter(Tensor(np.zeros(3, np.float32)), name="dense.bias")]
@@ -55,7 +55,7 @@ def _step_optimizer(opt, params) -> bool:
 
 def _first_order(name: str, arg: str) -> Callable[[Any], bool]:
     def build_and_step(value) -> bool:
-        params = _params()
+        params = _dense_params()
         if name == "LARS":
             kwargs = {"optimizer": nn.Momentum(params, 0.05, 0.9), arg: value}
             opt = BY_NAME[name].cls(**kwargs)

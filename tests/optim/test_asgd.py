@@ -10,6 +10,7 @@ import pytest
 from mindspore import Parameter, Tensor, nn, ops
 from mindspore.nn.learning_rate_schedule import LearningRateSchedule
 from reference.asgd_ref import ASGDReference
+from support.params import make_params
 
 from ms_optim.nn import ASGD
 
@@ -17,11 +18,6 @@ RTOL = 1e-4
 # float32 keeps ~1e-7 absolute rounding on elements the update carries near 0 from |w| ~ 1;
 # a wrong update moves w by ~lr*|g| >> 1e-6.
 ATOL = 1e-6
-
-
-def _params(rng, spec, dtype=np.float32):
-    arrays = [rng.standard_normal(shape).astype(dtype) for _, shape in spec]
-    return [Parameter(Tensor(a.copy()), name=n) for (n, _), a in zip(spec, arrays)], arrays
 
 
 def _check(opt, ref, step):
@@ -54,7 +50,7 @@ def test_reference_list_lr_decay_filter_and_averaging(mode, rng, fused, monkeypa
     (CPU default) and the composite ops (other devices, MS_OPTIM_FUSED=0)."""
     monkeypatch.setenv("MS_OPTIM_FUSED", "1" if fused else "0")
     spec = [("dense.weight", (5, 6)), ("dense.bias", (5,)), ("norm.gamma", (6,)), ("norm.beta", (6,))]
-    params, arrays = _params(rng, spec)
+    params, arrays = make_params(rng, spec)
     lrs = [0.3, 0.2, 0.15, 0.1, 0.08, 0.05]
     opt = ASGD(params, learning_rate=lrs, lambd=0.05, alpha=0.6, t0=2.0, weight_decay=0.02)
     assert opt.use_fused == fused
@@ -73,7 +69,7 @@ def test_reference_groups_order_schedule_dynamic_decay_centralization(mode, rng)
     """Groups with their own fixed lr, a LearningRateSchedule, a dynamic weight-decay Cell,
     gradient centralization on a (4, 16, ...) weight, and order_params."""
     spec = [("conv.weight", (4, 16, 2, 2)), ("dense.weight", (3, 4)), ("dense.bias", (3,)), ("bn.gamma", (4,))]
-    params, arrays = _params(rng, spec)
+    params, arrays = make_params(rng, spec)
     conv_w, dense_w, bias, gamma = params
     groups = [{"params": [conv_w, dense_w], "lr": 0.05, "weight_decay": 0.03, "grad_centralization": True},
               {"params": [bias, gamma], "lr": _HalvingLR()},
@@ -98,7 +94,7 @@ def test_reference_fused_form_edge_cases(mode, rng):
     """lambd*eta == 1 (1 - lambd*eta is exactly 0 in float32) and lambd*eta > 1 (negative factor):
     the fused in-place form must still give w*(1 - lambd*eta) - eta*g; lambd = 0 is plain SGD."""
     for lambd, lr in ((1.0, 1.0), (2.0, 1.0), (0.0, 0.25)):
-        params, arrays = _params(rng, [("w", (7,)), ("v", (2, 3))])
+        params, arrays = make_params(rng, [("w", (7,)), ("v", (2, 3))])
         opt = ASGD(params, learning_rate=lr, lambd=lambd, alpha=0.5)
         assert opt.use_fused  # CPU, float32
         ref = ASGDReference(arrays, lambd=lambd, alpha=0.5)
@@ -180,7 +176,7 @@ def test_inside_lars_matches_reference(mode, rng):
     from ms_optim.nn import LARS
 
     spec = [("dense.weight", (5, 6)), ("dense.bias", (5,)), ("norm.gamma", (6,))]
-    params, arrays = _params(rng, spec)
+    params, arrays = make_params(rng, spec)
     inner = ASGD(params, learning_rate=0.1, lambd=0.05, t0=1.0, weight_decay=0.01)
     opt = LARS(inner, epsilon=1e-5, coefficient=0.02)
     ref = LarsReference(ASGDReference(arrays, lambd=0.05, t0=1.0), keep=[True, False, True], coefficient=0.02,

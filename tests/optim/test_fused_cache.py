@@ -22,11 +22,11 @@ import mindspore as ms
 import numpy as np
 import pytest
 from mindspore import Parameter, Tensor, nn
+from support import REPO
 
 import ms_optim
 from ms_optim.optim import _fused
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 GXX = shutil.which("g++")
 
 CHILD = textwrap.dedent("""

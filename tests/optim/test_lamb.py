@@ -5,11 +5,11 @@ import shutil
 import mindspore as ms
 import numpy as np
 import pytest
-from _fused_paths import ATOL_W, RTOL
-from _fused_paths import expect_path as _expect_path
-from _fused_paths import make_params as _params
 from mindspore import Tensor, nn, ops
 from reference.lamb_ref import LambReference, centralize
+from support.fused_paths import ATOL_W, RTOL
+from support.fused_paths import expect_path as _expect_path
+from support.params import make_params
 
 from ms_optim.nn import Lamb
 from ms_optim.optim import _fused
@@ -69,7 +69,7 @@ def test_groups_dynamic_list_lr_decay_and_centralization(mode, path, rng):
     order_params, a zero-initialised parameter (ratio 1), and a 'gamma' that decays because grouped."""
     spec = [("conv.weight", (4, 16, 3, 3), False), ("dense.weight", (70, 61), False),
             ("dense.bias", (5,), True), ("norm.gamma", (6,), False)]
-    params, arrays = _params(rng, spec)
+    params, arrays = make_params(rng, spec)
     conv_w, dense_w, bias, gamma = params
     list_lr = [0.1, 0.08, 0.06, 0.04]
     groups = [{"params": [conv_w, dense_w], "lr": 0.05, "weight_decay": 0.01, "grad_centralization": True},
@@ -103,7 +103,7 @@ def test_schedule_lr_cell_weight_decay_default_filter_zero_norms(mode, path, rng
     """Ungrouped: LearningRateSchedule, weight decay Cell, no decay on beta/gamma names, a zero
     gradient without decay (||r|| = 0 -> ratio 1, no change) and a zero weight (ratio 1)."""
     spec = [("w", (8, 3), False), ("ln.gamma", (3,), False), ("ln.beta", (3,), False), ("zero_w", (4,), True)]
-    params, arrays = _params(rng, spec)
+    params, arrays = make_params(rng, spec)
     schedule = nn.ExponentialDecayLR(0.1, 0.9, 1)
     opt = Lamb(params, learning_rate=schedule, beta1=0.8, beta2=0.99, eps=1e-4, weight_decay=_StepWeightDecay())
     _expect_path(opt, path)

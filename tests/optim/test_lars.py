@@ -5,13 +5,13 @@ import inspect
 import mindspore as ms
 import numpy as np
 import pytest
-from _fused_paths import ATOL_W, RTOL
-from _fused_paths import expect_path as _expect_path
-from _fused_paths import make_params as _params
 from mindspore import Parameter, Tensor, nn, ops
 from mindspore.nn.learning_rate_schedule import LearningRateSchedule
 from reference.lamb_ref import LambReference
 from reference.lars_ref import LarsReference, MomentumReference, SGDReference, lars_gradient
+from support.fused_paths import ATOL_W, RTOL
+from support.fused_paths import expect_path as _expect_path
+from support.params import make_params
 
 from ms_optim.nn import ASGD, LARS, Lamb
 from ms_optim.optim.lars import default_lars_filter
@@ -58,7 +58,7 @@ def test_signature_and_default_filter():
 @pytest.mark.parametrize("nesterov", [False, True])
 def test_momentum_reference_is_mindspore_momentum(mode, rng, nesterov):
     """The Momentum oracle the LARS tests build on follows nn.Momentum itself (incl. its Nesterov)."""
-    params, arrays = _params(rng, [("w", (4, 3), False)])
+    params, arrays = make_params(rng, [("w", (4, 3), False)])
     opt = nn.Momentum(params, learning_rate=[0.5, 0.3, 0.2], momentum=0.9, use_nesterov=nesterov)
     ref = MomentumReference(arrays, 0.9, use_nesterov=nesterov)
     for step, lr in enumerate([0.5, 0.3, 0.2]):
@@ -73,7 +73,7 @@ def test_momentum_groups_custom_filter_loss_scale(mode, path, rng):
     a custom filter (keeps the bias, rejects the gamma), a zero weight (ratio 1)."""
     spec = [("fc1.weight", (90, 50), False), ("fc1.bias", (6,), False), ("fc2.weight", (3, 6), True),
             ("ln.gamma", (6,), False)]
-    params, arrays = _params(rng, spec)
+    params, arrays = make_params(rng, spec)
     groups = [{"params": params[:2], "lr": 0.1, "weight_decay": 0.01}, {"params": params[2:], "lr": 0.05}]
     inner = nn.Momentum(groups, learning_rate=0.2, momentum=0.9, weight_decay=0.0, loss_scale=8.0)
     opt = LARS(inner, epsilon=1e-6, coefficient=0.02, lars_filter=lambda p: "gamma" not in p.name)
@@ -92,7 +92,7 @@ def test_sgd_use_clip_list_lr_default_filters(mode, rng):
     """SGD with momentum, a per-step lr list, weight decay with the default beta/gamma filter,
     use_clip (some ratios clipped to 1, some not), LARS's default filter (bias rejected)."""
     spec = [("w", (10, 4), False), ("small", (3, 3), False), ("bias", (4,), False), ("bn.beta", (4,), False)]
-    params, arrays = _params(rng, spec)
+    params, arrays = make_params(rng, spec)
     arrays[1] *= 0.01
     params[1].set_data(Tensor(arrays[1]))
     lrs = [0.5, 0.3, 0.2]
@@ -107,7 +107,7 @@ def test_momentum_nesterov_use_clip_list_lr(mode, path, rng):
     """Nesterov Momentum, a per-step lr list, use_clip (one ratio clipped to 1, one not), weight
     decay with the default beta/gamma filter, LARS's default filter (bias rejected)."""
     spec = [("w", (40, 30), False), ("v", (5, 5), False), ("bias", (5,), False), ("bn.gamma", (5,), False)]
-    params, arrays = _params(rng, spec)
+    params, arrays = make_params(rng, spec)
     lrs = [0.5, 0.3, 0.2]
     inner = nn.Momentum(params, learning_rate=lrs, momentum=0.9, weight_decay=0.001, use_nesterov=True)
     opt = LARS(inner, epsilon=1e-5, coefficient=1.0, use_clip=True)
@@ -120,7 +120,7 @@ def test_momentum_nesterov_use_clip_list_lr(mode, path, rng):
 def test_wraps_ms_optim_lamb_with_schedule(mode, path, rng):
     """LARS around ms_optim's Lamb (decay taken over by LARS), lr from a LearningRateSchedule."""
     spec = [("dense.weight", (7, 5), False), ("dense.bias", (7,), False)]
-    params, arrays = _params(rng, spec)
+    params, arrays = make_params(rng, spec)
     inner = Lamb(params, learning_rate=_InverseTimeLR(0.05), weight_decay=0.01)
     opt = LARS(inner, epsilon=1e-5, coefficient=0.01)
     _expect_path(inner, path)
@@ -147,7 +147,7 @@ def test_wraps_any_optimizer(mode, rng, inner_name):
     c*(g + wd*w) (and the raw gradient for the rejected bias), for other MindSpore/ms_optim X."""
     make = _OTHER_INNERS[inner_name]
     spec = [("fc.weight", (6, 5), False), ("fc.bias", (6,), False)]
-    params_a, arrays = _params(rng, spec)
+    params_a, arrays = make_params(rng, spec)
     params_b = [Parameter(Tensor(a.copy()), name=p.name) for p, a in zip(params_a, arrays)]
     opt = LARS(make(params_a, 0.1), epsilon=1e-5, coefficient=0.01)
     plain = make(params_b, 0.0)
@@ -162,7 +162,7 @@ def test_wraps_any_optimizer(mode, rng, inner_name):
 def test_filter_rejecting_all_is_the_inner_optimizer(mode, path, rng):
     """Degenerate case: nothing passes the filter -> exactly the wrapped optimizer alone."""
     spec = [("a.weight", (6, 4), False), ("a.bias", (6,), False)]
-    params_a, arrays = _params(rng, spec)
+    params_a, arrays = make_params(rng, spec)
     params_b = [Parameter(Tensor(a.copy()), name=p.name) for p, a in zip(params_a, arrays)]
     alone = nn.Momentum(params_a, learning_rate=0.1, momentum=0.9, use_nesterov=True)
     wrapped = LARS(nn.Momentum(params_b, learning_rate=0.1, momentum=0.9, use_nesterov=True),
@@ -180,7 +180,7 @@ def test_wrapped_optimizer_is_not_modified(mode, path, rng):
     """The user's optimizer keeps its weight decay: used alone between LARS steps it still decays,
     LARS and it share one state, and LARS exposes its parameters, learning rate and step."""
     spec = [("fc.weight", (5, 4), False), ("fc.bias", (5,), False)]
-    params, arrays = _params(rng, spec)
+    params, arrays = make_params(rng, spec)
     inner = nn.Momentum(params, learning_rate=0.1, momentum=0.9, weight_decay=0.05)
     before = (inner.decay_flags, inner.exec_weight_decay, inner.dynamic_weight_decay, inner.need_scale,
               float(inner.weight_decay.asnumpy()))

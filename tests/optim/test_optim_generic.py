@@ -1,4 +1,4 @@
-"""Generic tests of ms_optim's Lamb, LARS(Momentum) and ASGD, driven by tests/optim_table.py.
+"""Generic tests of ms_optim's Lamb, LARS(Momentum) and ASGD, driven by tests/support/optim_table.py.
 
 Per optimizer: the argument table (good sets accepted; bad sets refused with the documented type and a
 message naming the argument and the value), the public signature (= MindSpore's hidden one), the
@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 from mindspore import Parameter, Tensor, nn, ops
 from mindspore.nn.learning_rate_schedule import LearningRateSchedule
-from optim_table import EMPTY, OPTIMIZERS, mindspore_signature
+from support.optim_table import EMPTY, OPTIMIZERS, mindspore_signature
 
 import ms_optim
 from ms_optim.loss_scale import TrainOneStepWithLossScaleCell  # MindSpore's needs an Ascend-only op on CPU

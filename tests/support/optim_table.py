@@ -9,7 +9,7 @@ reference of its update for the numeric generic tests.
 Every "Raises" line of MindSpore's documentation for Lamb, LARS and ASGD is a row of ``bad`` (plus
 ms_optim's clearer errors where MindSpore fails badly: ``LARS("sgd")``, ``lars_filter=3``, negative
 ``lambd``/``alpha``). A learning-rate list shorter than the steps trained is tested per optimizer in
-test_optim_generic.py (it can only fail at run time).
+tests/optim/test_optim_generic.py (it can only fail at run time).
 """
 from __future__ import annotations
 

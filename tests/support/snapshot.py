@@ -17,14 +17,14 @@ def _cells(net):
     return rows
 
 
-def _params(params):
+def _described(params):
     return {p.name: (str(p.dtype), tuple(p.shape), bool(p.requires_grad), p.asnumpy().copy()) for p in params}
 
 
 def snapshot(net, model=None, optimizer=None):
-    return {"cells": _cells(net), "params": _params(net.get_parameters()),
+    return {"cells": _cells(net), "params": _described(net.get_parameters()),
             "model": None if model is None else {k: id(v) for k, v in vars(model).items()},
-            "optimizer": None if optimizer is None else _params(optimizer.get_parameters())}
+            "optimizer": None if optimizer is None else _described(optimizer.get_parameters())}
 
 
 def _assert_params_equal(before, after, what):

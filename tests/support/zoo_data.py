@@ -13,13 +13,14 @@ import os
 
 import numpy as np
 
+from support import REPO
+
 # Where the ResNet zoo and the launchers live (shared by the zoo tests).
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-ZOO = os.path.join(ROOT, "model_zoo", "resnet")
+ZOO = os.path.join(REPO, "model_zoo", "resnet")
 TRAIN = os.path.join(ZOO, "train.py")
 EVAL = os.path.join(ZOO, "eval.py")
 CONFIGS = os.path.join(ZOO, "configs")
-SCRIPTS = os.path.join(ROOT, "scripts")
+SCRIPTS = os.path.join(REPO, "scripts")
 
 
 def _images(rng: np.random.Generator, labels: np.ndarray, size: int, classes: int) -> np.ndarray:

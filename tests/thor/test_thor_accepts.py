@@ -13,8 +13,8 @@ import mindspore as ms
 import numpy as np
 import pytest
 from mindspore import Tensor, nn
-from thor_nets import MLP
-from thor_snapshot import assert_unchanged, snapshot
+from support.nets import MLP
+from support.snapshot import assert_unchanged, snapshot
 
 from ms_optim._thor import factory
 from ms_optim._thor.factory import thor

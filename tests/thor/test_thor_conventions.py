@@ -16,9 +16,10 @@ import pytest
 from mindspore import Tensor, nn
 from reference import thor_conventions as oracle
 from reference.thor_ref import ConvRef, EmbedRef, MLPRef, ThorReference
-from test_thor_optimizer import EmbedNet, _init_params, _params, _train_cell
-from thor_nets import MLP, labelled_batches
-from thor_snapshot import assert_unchanged, snapshot
+from support.nets import MLP, ConvNet, EmbedNet, labelled_batches
+from support.params import param_values
+from support.snapshot import assert_unchanged, snapshot
+from support.thor_runs import init_params, net_batches, train_cell
 
 from ms_optim._thor import conventions
 from ms_optim._thor.factory import thor
@@ -26,22 +27,6 @@ from ms_optim._thor.layers import ThorLayer
 
 RTOL = 1e-3
 ATOL = 1e-6
-
-
-class ConvNet(nn.Cell):
-    """Conv2d(3 -> 4, 3x2 kernel, stride 2, bias) -> ReLU -> flatten -> Dense(100 -> 5); 9x9 inputs give
-    5x5 outputs with pad_mode "pad" (padding 1) and with "same"."""
-
-    def __init__(self, pad_mode):
-        super().__init__()
-        padding = 1 if pad_mode == "pad" else 0
-        self.conv = nn.Conv2d(3, 4, (3, 2), stride=2, pad_mode=pad_mode, padding=padding, has_bias=True)
-        self.relu = nn.ReLU()
-        self.flatten = nn.Flatten()
-        self.fc = nn.Dense(4 * 5 * 5, 5)
-
-    def construct(self, x):
-        return self.fc(self.flatten(self.relu(self.conv(x))))
 
 
 def _close(actual, expected, what):
@@ -78,24 +63,13 @@ CASES = {
 }
 
 
-def _batches(rng, data, steps):
-    if data == "conv":
-        return [(rng.standard_normal((8, 3, 9, 9)).astype(np.float32), rng.integers(0, 5, 8).astype(np.int32))
-                for _ in range(steps)]
-    if data == "vectors":
-        return [(rng.standard_normal((8, 6)).astype(np.float32), rng.integers(0, 2, 8).astype(np.int32))
-                for _ in range(steps)]
-    return [(rng.integers(0, 12, (8, 3)).astype(np.int32), rng.integers(0, 4, 8).astype(np.int32))
-            for _ in range(steps)]
-
-
 @pytest.mark.parametrize("convention", oracle.CONVENTIONS)
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_convention_matches_mindspore_oracle(mode, rng, case, convention):
     spec = CASES[case]
     steps = 5
     net = spec["net"]()
-    _init_params(net, rng)
+    init_params(net, rng)
     # THOR moves these small nets' weights by O(1) in a few steps at lr 0.1; at half that the float32
     # rounding of the run stays well inside the tolerances below for every convention
     lr = np.linspace(0.05, 0.025, steps).astype(np.float32)
@@ -104,14 +78,14 @@ def test_convention_matches_mindspore_oracle(mode, rng, case, convention):
     scale, wd = spec.get("loss_scale", 1.0), spec.get("weight_decay", 0.0)
     model = spec["ref"]()
     has_conv = any(kind == "conv" for _, kind in model.layers)
-    ref = ThorReference(model, _params(net), lr, damping, 0.9, weight_decay=wd, batch_size=bs, frequency=freq,
+    ref = ThorReference(model, param_values(net), lr, damping, 0.9, weight_decay=wd, batch_size=bs, frequency=freq,
                         layernorm=spec["layernorm"], inverses=oracle.reference_inverses(convention, bs, has_conv))
     opt = thor(net, Tensor(lr), Tensor(damping), 0.9, weight_decay=wd, loss_scale=scale, batch_size=bs,
                frequency=freq, factor_convention=convention)
     assert opt.factor_convention == convention
     assert [c.kind for c in opt.thor_cells] == [kind for _, kind in ref.model.layers]
-    cell = _train_cell(net, opt, sens=None if scale == 1.0 else scale)
-    for step, (x, y) in enumerate(_batches(rng, spec["data"], steps)):
+    cell = train_cell(net, opt, sens=None if scale == 1.0 else scale)
+    for step, (x, y) in enumerate(net_batches(rng, spec["data"], steps)):
         loss = cell(Tensor(x), Tensor(y))
         ref.step(x, y)
         np.testing.assert_allclose(float(loss.asnumpy()), ref.losses[-1], rtol=RTOL, err_msg=f"loss at step {step}")
@@ -127,7 +101,7 @@ def test_convention_matches_mindspore_oracle(mode, rng, case, convention):
                        f"{convention} A^-1 of {name} at step {step}")
                 _close(_stored_inverse(opt.slots[i].g_inv, False), ref.g_inv[name],
                        f"{convention} G^-1 of {name} at step {step}")
-        got = _params(net)
+        got = param_values(net)
         for pname, want in ref.params.items():
             np.testing.assert_allclose(got[pname], want, rtol=RTOL, atol=ATOL,
                                        err_msg=f"{convention}: {pname} after step {step}")
@@ -156,9 +130,9 @@ def test_conv_factors_float32_under_amp_o2(mode, rng, convention):
     from mindspore import amp
 
     net = ConvNet("same")
-    _init_params(net, rng)
+    init_params(net, rng)
     thor(net, Tensor(np.float32(0.0)), Tensor(np.float32(0.03)), 0.9, batch_size=8, factor_convention=convention)
-    cell = _train_cell(amp.auto_mixed_precision(net, "O2"), nn.SGD(net.trainable_params(), 0.0))
+    cell = train_cell(amp.auto_mixed_precision(net, "O2"), nn.SGD(net.trainable_params(), 0.0))
     x = (rng.standard_normal((8, 3, 9, 9)) + 0.3).astype(np.float32)
     assert np.isfinite(cell(Tensor(x), Tensor(rng.integers(0, 5, 8).astype(np.int32))).asnumpy())
     assert net.conv.matrix_a_cov.dtype == mstype.float32
@@ -186,13 +160,13 @@ def test_model_thor_sink_loop_uses_the_convention(mode, convention):
 
     def build():
         net = MLP(6, 5, 3)
-        _init_params(net, np.random.default_rng(9))
+        init_params(net, np.random.default_rng(9))
         opt = thor(net, Tensor(np.full(16, 0.05, np.float32)), Tensor(np.full(16, 0.03, np.float32)), 0.9,
                    batch_size=4, frequency=4, factor_convention=convention)
         return net, opt
 
     ref_net, ref_opt = build()
-    cell = _train_cell(ref_net, ref_opt)
+    cell = train_cell(ref_net, ref_opt)
     for s in range(12):
         b = s % 5
         cell(Tensor(x[4 * b:4 * b + 4]), Tensor(y[4 * b:4 * b + 4]))
@@ -205,8 +179,8 @@ def test_model_thor_sink_loop_uses_the_convention(mode, convention):
     last = x[4 * (8 % 5):4 * (8 % 5) + 4]                               # step 8 is the last THOR step
     want_a, _ = oracle.effective_factors(convention, ("dense", last, np.zeros((4, 5))), 4)
     _close(net.fc1.matrix_a_cov.asnumpy(), want_a, f"{convention} A of fc1")
-    for name, value in _params(ref_net).items():
-        np.testing.assert_allclose(_params(net)[name], value, rtol=1e-5, atol=1e-7, err_msg=name)
+    for name, value in param_values(ref_net).items():
+        np.testing.assert_allclose(param_values(net)[name], value, rtol=1e-5, atol=1e-7, err_msg=name)
 
 
 # ----------------------------------------------------------------------------------- "auto"
@@ -227,15 +201,15 @@ def test_auto_on_cpu_is_kfc(mode, rng):
     results = []
     for kwargs in ({}, dict(factor_convention="auto"), dict(factor_convention="kfc")):
         net = MLP()
-        _init_params(net, np.random.default_rng(3))
+        init_params(net, np.random.default_rng(3))
         opt = thor(net, Tensor(np.float32(0.05)), Tensor(np.float32(0.03)), 0.9, batch_size=16, frequency=2,
                    **kwargs)
         assert opt.factor_convention == "kfc"
         assert all(layer.factor_tap.convention.name == "kfc" for layer in opt.thor_cells)
-        cell = _train_cell(net, opt)
+        cell = train_cell(net, opt)
         for x, y in batches:
             cell(Tensor(x), Tensor(y))
-        results.append(_params(net))
+        results.append(param_values(net))
     for other in results[1:]:
         for name, value in results[0].items():
             np.testing.assert_array_equal(other[name], value, err_msg=name)

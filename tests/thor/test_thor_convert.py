@@ -52,7 +52,7 @@ def _inputs(rng):
     return x, ids
 
 
-def _params(net):
+def _parameters_by_name(net):
     return {p.name: p for p in net.get_parameters()}
 
 
@@ -61,7 +61,7 @@ def test_convert_replaces_keeps_and_is_idempotent(mode, rng):
     net = _Net()
     x, ids = _inputs(rng)
     before = net(x, ids).asnumpy()
-    params_before = _params(net)
+    params_before = _parameters_by_name(net)
     conv = net.block.conv
 
     out = ConvertNetUtils().convert_to_thor_net(net)
@@ -73,7 +73,7 @@ def test_convert_replaces_keeps_and_is_idempotent(mode, rng):
     assert kinds["block.depthwise"] is nn.Conv2d and kinds["block.frozen"] is nn.Conv2d
     assert isinstance(net.block.seq.cell_list[1], Conv2dThor)  # SequentialCell's own list updated too
     # same Parameter objects, names, dtypes and values; only factor Parameters added, named after the layer
-    params_after = _params(net)
+    params_after = _parameters_by_name(net)
     for name, param in params_before.items():
         assert params_after[name] is param
     assert net.half.weight.dtype == mstype.float16 and net.half.matrix_a_cov.dtype == mstype.float32
@@ -92,7 +92,7 @@ def test_convert_replaces_keeps_and_is_idempotent(mode, rng):
     layers = {name: cell for name, cell in net.cells_and_names()}
     ConvertNetUtils().convert_to_thor_net(net)
     assert {name: cell for name, cell in net.cells_and_names()} == layers
-    assert _params(net).keys() == params_after.keys()
+    assert _parameters_by_name(net).keys() == params_after.keys()
     # THOR candidates are exactly the converted layers
     assert sorted(n for n, _ in ConvertNetUtils.thor_candidates(net)) == \
         ["block.conv", "block.seq.1", "embed", "half", "heads.0", "heads.1", "shared"]

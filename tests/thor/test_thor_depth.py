@@ -27,6 +27,8 @@ import pytest
 from mindspore import Tensor, nn
 from reference import thor_factors as tf
 from reference.thor_ref import ThorReference, softmax_xent
+from support.params import param_values
+from support.thor_runs import train_cell
 
 from ms_optim._thor import grouped, taps
 from ms_optim._thor.factory import thor
@@ -75,17 +77,6 @@ class DeepMLPRef:
         return loss, grads, factors
 
 
-def _params(net, with_factors: bool = False):
-    """The trainable parameters as float64 (``with_factors``: the stored ``*_cov`` factors too)."""
-    return {p.name: p.asnumpy().astype(np.float64) for p in net.get_parameters()
-            if p.requires_grad or (with_factors and p.name.endswith("_cov"))}
-
-
-def _train_cell(net, opt, sens=None):
-    loss = nn.WithLossCell(net, nn.SoftmaxCrossEntropyWithLogits(sparse=True, reduction="mean"))
-    return (nn.TrainOneStepCell(loss, opt) if sens is None else nn.TrainOneStepCell(loss, opt, sens=sens)).set_train()
-
-
 @pytest.fixture
 def composite(monkeypatch):
     """The composite batched inversion (GPU, Ascend, ``MS_OPTIM_FUSED=0``): width groups, chunks."""
@@ -102,21 +93,21 @@ def test_deep_mlp_matches_reference(mode, rng, inverse, path):
                           .astype(np.float32)))
     lr = np.linspace(0.1, 0.05, steps).astype(np.float32)
     damping = np.linspace(0.05, 0.02, steps).astype(np.float32)
-    ref = ThorReference(DeepMLPRef(), _params(net), lr, damping, 0.9, batch_size=batch, frequency=2,
+    ref = ThorReference(DeepMLPRef(), param_values(net), lr, damping, 0.9, batch_size=batch, frequency=2,
                         block_size=128 if inverse == "blocked" else None, weight_decay=1e-3)
     opt = thor(net, Tensor(lr), Tensor(damping), 0.9, weight_decay=1e-3, batch_size=batch, frequency=2,
                inverse=inverse)
     assert opt.batched and bool(opt.grouped.fused) == (path == "fused")
     widths = opt.grouped.widths
     assert widths == ((10, 20, 128) if inverse == "blocked" else (10, 20, 150))
-    cell = _train_cell(net, opt)
+    cell = train_cell(net, opt)
     for step in range(steps):
         x = rng.standard_normal((batch, WIDTHS[0])).astype(np.float32)
         y = rng.integers(0, WIDTHS[-1], batch).astype(np.int32)
         loss = cell(Tensor(x), Tensor(y))
         ref.step(x, y)
         np.testing.assert_allclose(float(loss.asnumpy()), ref.losses[-1], rtol=RTOL)
-        got = _params(net)
+        got = param_values(net)
         for name, want in ref.params.items():
             np.testing.assert_allclose(got[name], want, rtol=RTOL, atol=ATOL, err_msg=f"{name} after step {step}")
 
@@ -159,11 +150,11 @@ def _train_repeated(per_layer: bool, seed_values, batches, groups: int = 4, stag
         opt.batched = False  # read when the step is compiled: the per-layer inversion of slot.invert_layer
         for slot in opt.slots:  # with the constants it adds (thor() attaches them only when it inverts per layer)
             slot.attach_inversion_constants()
-    cell = _train_cell(net, opt, sens=64.0)
+    cell = train_cell(net, opt, sens=64.0)
     losses = [float(cell(Tensor(x), Tensor(y)).asnumpy()) for x, y in batches]
     inverses = [p.asnumpy() for p in list(opt.matrix_a_inv) + list(opt.matrix_g_inv)]
     # with_factors: the stored factors too (a tap that ignored its flag would rewrite them on a non-THOR step)
-    return losses, _params(net, with_factors), inverses
+    return losses, param_values(net, with_factors=with_factors), inverses
 
 
 def _assert_same_run(run, want_run):

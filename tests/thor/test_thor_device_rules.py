@@ -12,9 +12,9 @@
 import numpy as np
 import pytest
 from mindspore import Tensor, nn
-from test_thor_conventions import ConvNet
-from test_thor_optimizer import EmbedNet, _init_params, _train_cell
-from thor_snapshot import assert_unchanged, snapshot
+from support.nets import ConvNet, EmbedNet
+from support.snapshot import assert_unchanged, snapshot
+from support.thor_runs import init_params, train_cell
 
 from ms_optim._thor import conventions
 from ms_optim._thor import device_rules as rules
@@ -111,13 +111,13 @@ def test_ascend_scale_folded_into_g_and_layer_kept_whole(mode, rng, ok_a, ok_g):
 
 def test_ascend_scale_on_dead_conv_net_stays_finite(mode, rng):
     net = ConvNet("pad")
-    _init_params(net, rng)
+    init_params(net, rng)
     net.conv.bias.set_data(Tensor(np.full((4,), -1e3, np.float32)))  # every ReLU dead: fc's A and G are zero
     steps = 3
     opt = thor(net, Tensor(np.full(steps, 0.05, np.float32)), Tensor(np.zeros(steps, np.float32)), 0.9,
                batch_size=8, frequency=2, factor_convention="ascend")
     assert [slot.max_scale for slot in opt.slots] == [True, True]
-    cell = _train_cell(net, opt)
+    cell = train_cell(net, opt)
     for _ in range(steps):
         x = rng.standard_normal((8, 3, 9, 9)).astype(np.float32)
         cell(Tensor(x), Tensor(rng.integers(0, 5, 8).astype(np.int32)))

@@ -13,7 +13,9 @@ import pytest
 from mindspore import Tensor, nn
 from reference.thor_factors import conv_factors, stored_form
 from reference.thor_ref import ConvRef, ThorReference
-from test_thor_optimizer import ConvNet, _init_params, _params, _run, _schedules, _train_cell
+from support.nets import ConvNet
+from support.params import param_values
+from support.thor_runs import init_params, run_against_oracle, schedules, train_cell
 
 from ms_optim._thor import factors
 from ms_optim._thor.factory import thor
@@ -72,23 +74,23 @@ def test_blocked_factors_and_trajectory_match_reference(mode, path, rng):
     diagonal blocks, equal to the reference's factors in that form, and five THOR steps follow the
     reference THOR with 5-wide blocked inverses."""
     steps = 5
-    net = ConvNet()
-    _init_params(net, rng)
-    lr, damping = _schedules(steps)
+    net = ConvNet(dilation=2)
+    init_params(net, rng)
+    lr, damping = schedules(steps)
     model = ConvRef((3, 2), 2, 2, 1)
-    ref = ThorReference(model, _params(net), lr, damping, 0.9, batch_size=8, frequency=3, block_size=5)
+    ref = ThorReference(model, param_values(net), lr, damping, 0.9, batch_size=8, frequency=3, block_size=5)
     opt = thor(net, Tensor(lr), Tensor(damping), 0.9, batch_size=8, frequency=3, block_size=5)
     assert net.conv.matrix_a_cov.shape == (4, 5, 5) and net.conv.matrix_g_cov.shape == (4, 4)
     assert net.fc.matrix_a_cov.shape == (16, 5, 5) and net.fc.matrix_g_cov.shape == (5, 5)
     batches = [(rng.standard_normal((8, 3, 9, 9)).astype(np.float32), rng.integers(0, 5, 8).astype(np.int32))
                for _ in range(steps)]
     _, _, want = model.forward_backward(ref.params, *batches[0])
-    _run(net, ref, _train_cell(net, opt), batches[:1])
+    run_against_oracle(net, ref, train_cell(net, opt), batches[:1])
     for layer in ("conv", "fc"):
         cell = getattr(net, layer)
         for got, full in zip((cell.matrix_a_cov, cell.matrix_g_cov), want[layer]):
             np.testing.assert_allclose(got.asnumpy(), stored_form(full, 5), rtol=1e-4, atol=1e-6, err_msg=layer)
-    _run(net, ref, _train_cell(net, opt), batches[1:])
+    run_against_oracle(net, ref, train_cell(net, opt), batches[1:])
 
 
 def test_full_inverse_keeps_whole_factors_and_default_blocks_wide_ones():

@@ -13,7 +13,7 @@ import mindspore as ms
 import numpy as np
 from mindspore import Tensor, nn, ops
 from reference.thor_ref import MLPRef, ThorReference
-from thor_nets import MLP
+from support.nets import MLP
 
 from ms_optim._thor.factory import thor
 from ms_optim.loss_scale import TrainOneStepWithLossScaleCell  # MindSpore's needs an Ascend-only op on CPU

@@ -9,8 +9,9 @@ import numpy as np
 import pytest
 from mindspore import Tensor, nn
 from reference.thor_ref import ConvRef, EmbedRef, MLPRef, ThorReference
-from test_thor_optimizer import ConvNet, EmbedNet, _init_params, _mlp_batches, _params, _run, _schedules, _train_cell
-from thor_nets import MLP
+from support.nets import MLP, ConvNet, EmbedNet
+from support.params import param_values
+from support.thor_runs import init_params, mlp_batches, run_against_oracle, schedules, train_cell
 
 from ms_optim._thor.factory import thor
 from ms_optim._thor.kl_clip import kl_clip_factor
@@ -21,14 +22,14 @@ STEPS = 5
 @pytest.mark.parametrize("kl_clip,active", [(1e-4, True), (1e4, False)], ids=["active", "inactive"])
 def test_mlp_kl_clip_matches_reference(mode, rng, kl_clip, active):
     net = MLP()
-    _init_params(net, rng)
-    lr, damping = _schedules(STEPS)
-    ref = ThorReference(MLPRef(), _params(net), lr, damping, 0.9, batch_size=16, frequency=3, weight_decay=0.01,
+    init_params(net, rng)
+    lr, damping = schedules(STEPS)
+    ref = ThorReference(MLPRef(), param_values(net), lr, damping, 0.9, batch_size=16, frequency=3, weight_decay=0.01,
                         enable_clip_grad=True, kl_clip=kl_clip)
     opt = thor(net, Tensor(lr), Tensor(damping), 0.9, weight_decay=0.01, batch_size=16, frequency=3,
                enable_clip_grad=True, kl_clip=kl_clip)
     assert opt.kl_clip == kl_clip
-    _run(net, ref, _train_cell(net, opt), _mlp_batches(rng, STEPS))
+    run_against_oracle(net, ref, train_cell(net, opt), mlp_batches(rng, STEPS))
     if active:
         assert all(nu < 0.5 for nu in ref.kl_nu), ref.kl_nu  # the clip changed every step substantially
     else:
@@ -37,44 +38,44 @@ def test_mlp_kl_clip_matches_reference(mode, rng, kl_clip, active):
 
 def test_inactive_kl_clip_equals_no_clip(mode, rng):
     """A kl_clip that never binds gives the kl_clip=None trajectory (same data, same start)."""
-    batches = _mlp_batches(rng, 3)
+    batches = mlp_batches(rng, 3)
     results = []
     for kl_clip in (None, 1e6):
         net = MLP(20, 30, 10)
-        _init_params(net, np.random.default_rng(5))
+        init_params(net, np.random.default_rng(5))
         opt = thor(net, Tensor(np.float32(0.05)), Tensor(np.float32(0.03)), 0.9, batch_size=16, frequency=2,
                    kl_clip=kl_clip)
-        cell = _train_cell(net, opt)
+        cell = train_cell(net, opt)
         for x, y in batches:
             cell(Tensor(x), Tensor(y))
-        results.append(_params(net))
+        results.append(param_values(net))
     for name in results[0]:
         np.testing.assert_allclose(results[1][name], results[0][name], rtol=1e-6, atol=1e-7, err_msg=name)
 
 
 def test_conv_kl_clip_matches_reference(mode, rng):
-    net = ConvNet()
-    _init_params(net, rng)
-    lr, damping = _schedules(4)
-    ref = ThorReference(ConvRef((3, 2), 2, 2, 1), _params(net), lr, damping, 0.9, batch_size=8, frequency=3,
+    net = ConvNet(dilation=2)
+    init_params(net, rng)
+    lr, damping = schedules(4)
+    ref = ThorReference(ConvRef((3, 2), 2, 2, 1), param_values(net), lr, damping, 0.9, batch_size=8, frequency=3,
                         kl_clip=1e-4)
     opt = thor(net, Tensor(lr), Tensor(damping), 0.9, batch_size=8, frequency=3, kl_clip=1e-4)
     batches = [(rng.standard_normal((8, 3, 9, 9)).astype(np.float32), rng.integers(0, 5, 8).astype(np.int32))
                for _ in range(4)]
-    _run(net, ref, _train_cell(net, opt), batches)
+    run_against_oracle(net, ref, train_cell(net, opt), batches)
     assert all(nu < 1.0 for nu in ref.kl_nu)
 
 
 def test_embedding_layernorm_kl_clip_matches_reference(mode, rng):
     net = EmbedNet()
-    _init_params(net, rng)
-    lr, damping = _schedules(4)
-    ref = ThorReference(EmbedRef(1e-7), _params(net), lr, damping, 0.9, batch_size=8, frequency=2,
+    init_params(net, rng)
+    lr, damping = schedules(4)
+    ref = ThorReference(EmbedRef(1e-7), param_values(net), lr, damping, 0.9, batch_size=8, frequency=2,
                         layernorm=("ln",), kl_clip=3e-4, use_nesterov=True)
     opt = thor(net, Tensor(lr), Tensor(damping), 0.9, batch_size=8, frequency=2, kl_clip=3e-4, use_nesterov=True)
     batches = [(rng.integers(0, 12, (8, 3)).astype(np.int32), rng.integers(0, 4, 8).astype(np.int32))
                for _ in range(4)]
-    _run(net, ref, _train_cell(net, opt), batches)
+    run_against_oracle(net, ref, train_cell(net, opt), batches)
     assert any(nu < 1.0 for nu in ref.kl_nu)
 
 

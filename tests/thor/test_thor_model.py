@@ -14,53 +14,21 @@ import numpy as np
 import pytest
 from mindspore import Tensor, nn
 from mindspore.train import Callback, CheckpointConfig, LossMonitor, Model, ModelCheckpoint, TimeMonitor
-from thor_nets import labelled_batches
+from support import REPO
+from support.model_data import BATCH, N_SAMPLES, SmallMLP, ce_loss, sample_data, sample_dataset, thor_mlp
+from support.params import param_values
 
 from ms_optim import _float16_add
 from ms_optim._thor.model import ConvertModelUtils, ModelThor
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-if ROOT not in sys.path:
-    sys.path.insert(0, ROOT)
-
-N_SAMPLES, BATCH, IN, OUT = 20, 4, 6, 3          # 5 batches per dataset epoch
-
-
-def _data(seed=0):
-    rng = np.random.default_rng(seed)
-    x = rng.normal(size=(N_SAMPLES, IN)).astype(np.float32)
-    y = rng.integers(0, OUT, size=(N_SAMPLES,)).astype(np.int32)
-    return x, y
-
-
-def _dataset(x, y, batch=BATCH):
-    return labelled_batches(x, y, batch)
-
-
-class _MLP(nn.Cell):
-    def __init__(self):
-        super().__init__()
-        self.fc1 = nn.Dense(IN, 5, weight_init="normal")
-        self.relu = nn.ReLU()
-        self.fc2 = nn.Dense(5, OUT, weight_init="normal")
-
-    def construct(self, x):
-        return self.fc2(self.relu(self.fc1(x)))
-
-
-def _loss():
-    return nn.SoftmaxCrossEntropyWithLogits(sparse=True, reduction="mean")
-
-
-def _params(net):
-    return {p.name: p.asnumpy().copy() for p in net.trainable_params()}
-
+if REPO not in sys.path:  # model_zoo importable
+    sys.path.insert(0, REPO)
 
 def _momentum_model(seed=0, **kwargs):
     ms.set_seed(seed)
-    net = _MLP()
+    net = SmallMLP()
     opt = nn.Momentum(net.trainable_params(), 0.1, 0.9, loss_scale=kwargs.pop("opt_loss_scale", 1.0))
-    model = ModelThor(net, _loss(), opt, metrics={"acc"}, **kwargs)
+    model = ModelThor(net, ce_loss(), opt, metrics={"acc"}, **kwargs)
     return net, model
 
 
@@ -87,44 +55,44 @@ class _Recorder(Callback):
 def _stream_reference(x, y, n_steps, seed=0):
     """Plain TrainOneStepCell over the batch stream (dataset epochs concatenated); params after each step."""
     ms.set_seed(seed)
-    net = _MLP()
+    net = SmallMLP()
     opt = nn.Momentum(net.trainable_params(), 0.1, 0.9)
-    step = nn.TrainOneStepCell(nn.WithLossCell(net, _loss()), opt)
+    step = nn.TrainOneStepCell(nn.WithLossCell(net, ce_loss()), opt)
     n_batches = N_SAMPLES // BATCH
     history, losses = [], []
     for s in range(n_steps):
         b = s % n_batches
         losses.append(float(step(Tensor(x[b * BATCH:(b + 1) * BATCH]), Tensor(y[b * BATCH:(b + 1) * BATCH])).asnumpy()))
-        history.append(_params(net))
+        history.append(param_values(net, np.float32))
     return history, losses
 
 
 # --------------------------------------------------------------------------- sink loop (Momentum)
 def test_sink_loop_equals_step_loop_and_callback_semantics(mode):
     """sink_size 3 over 5-batch epochs for 4 epochs: 12 steps streaming across dataset epochs."""
-    x, y = _data()
+    x, y = sample_data()
     ref_params, ref_losses = _stream_reference(x, y, 12)
     net, model = _momentum_model()
     rec = _Recorder()
-    model.train(4, _dataset(x, y), callbacks=[rec], dataset_sink_mode=True, sink_size=3)
+    model.train(4, sample_dataset(x, y), callbacks=[rec], dataset_sink_mode=True, sink_size=3)
     # step_end once per sink; cur_step_num advances by sink_size; net_outputs is the sink's last loss
     assert rec.n_begin == 4
     assert [s[:4] for s in rec.steps] == [(e, 3 * e, 3, True) for e in (1, 2, 3, 4)]
     np.testing.assert_allclose([s[4] for s in rec.steps], [ref_losses[3 * e - 1] for e in (1, 2, 3, 4)], rtol=1e-5)
     assert rec.epochs == [1, 2, 3, 4]
-    for name, value in _params(net).items():
+    for name, value in param_values(net, np.float32).items():
         np.testing.assert_allclose(value, ref_params[11][name], rtol=1e-5, atol=1e-7, err_msg=name)
 
 
 def test_sink_whole_dataset_equals_non_sink():
     ms.set_context(mode=ms.GRAPH_MODE)
-    x, y = _data()
+    x, y = sample_data()
     results = {}
     for sink in (True, False):
         net, model = _momentum_model()
         rec = _Recorder()
-        model.train(2, _dataset(x, y), callbacks=[rec], dataset_sink_mode=sink)  # sink_size -1
-        results[sink] = (_params(net), rec)
+        model.train(2, sample_dataset(x, y), callbacks=[rec], dataset_sink_mode=sink)  # sink_size -1
+        results[sink] = (param_values(net, np.float32), rec)
     sink_rec, step_rec = results[True][1], results[False][1]
     assert [s[:4] for s in sink_rec.steps] == [(1, 5, 5, True), (2, 10, 5, True)]
     assert [s[:4] for s in step_rec.steps] == [(1 + i // 5, i + 1, 5, False) for i in range(10)]
@@ -135,7 +103,7 @@ def test_sink_whole_dataset_equals_non_sink():
 
 def test_initial_epoch_early_stop_and_builtin_callbacks(tmp_path, capsys):
     ms.set_context(mode=ms.GRAPH_MODE)
-    x, y = _data()
+    x, y = sample_data()
 
     class _StopAfter(Callback):
         def on_train_epoch_end(self, run_context):
@@ -146,7 +114,7 @@ def test_initial_epoch_early_stop_and_builtin_callbacks(tmp_path, capsys):
     ckpt = ModelCheckpoint(prefix="thor", directory=str(tmp_path),
                            config=CheckpointConfig(save_checkpoint_steps=2, keep_checkpoint_max=10))
     rec = _Recorder()
-    model.train(5, _dataset(x, y), callbacks=[rec, LossMonitor(1), TimeMonitor(), ckpt, _StopAfter()],
+    model.train(5, sample_dataset(x, y), callbacks=[rec, LossMonitor(1), TimeMonitor(), ckpt, _StopAfter()],
                 dataset_sink_mode=True, sink_size=2, initial_epoch=1)
     # epochs 2 and 3 ran (initial_epoch=1), then the stop request ended training
     assert [s[:2] for s in rec.steps] == [(2, 2), (3, 4)]
@@ -155,20 +123,20 @@ def test_initial_epoch_early_stop_and_builtin_callbacks(tmp_path, capsys):
     files = sorted(f for f in os.listdir(tmp_path) if f.endswith(".ckpt"))
     assert files == ["thor-2_2.ckpt", "thor-3_2.ckpt"]
     saved = ms.load_checkpoint(str(tmp_path / "thor-3_2.ckpt"))
-    for name, value in _params(net).items():
+    for name, value in param_values(net, np.float32).items():
         np.testing.assert_array_equal(saved[name].asnumpy(), value, err_msg=name)
     # four steps were trained, identical to four plain steps
     ref_params, _ = _stream_reference(x, y, 4)
-    for name, value in _params(net).items():
+    for name, value in param_values(net, np.float32).items():
         np.testing.assert_allclose(value, ref_params[3][name], rtol=1e-5, atol=1e-7, err_msg=name)
 
 
 def test_eval_and_predict_after_sink_training():
     ms.set_context(mode=ms.GRAPH_MODE)
-    x, y = _data()
+    x, y = sample_data()
     net, model = _momentum_model()
-    model.train(2, _dataset(x, y), dataset_sink_mode=True, sink_size=4)
-    acc = model.eval(_dataset(x, y))["acc"]
+    model.train(2, sample_dataset(x, y), dataset_sink_mode=True, sink_size=4)
+    acc = model.eval(sample_dataset(x, y))["acc"]
     logits = model.predict(Tensor(x)).asnumpy()
     np.testing.assert_allclose(logits, net(Tensor(x)).asnumpy(), rtol=1e-6)
     assert acc == pytest.approx(float(np.mean(np.argmax(logits, axis=1) == y)))
@@ -179,71 +147,60 @@ def test_fixed_loss_scale_is_sens_and_dynamic_loss_scale_runs_on_cpu():
     same trajectory as unscaled. DynamicLossScaleManager runs on CPU (MindSpore's cell cannot) and
     skips an overflowing step."""
     ms.set_context(mode=ms.GRAPH_MODE)
-    x, y = _data()
+    x, y = sample_data()
     net_a, model_a = _momentum_model()
-    model_a.train(1, _dataset(x, y), dataset_sink_mode=True)
+    model_a.train(1, sample_dataset(x, y), dataset_sink_mode=True)
     net_b, model_b = _momentum_model(loss_scale_manager=ms.FixedLossScaleManager(128.0, drop_overflow_update=False),
                                      opt_loss_scale=128.0)
     assert isinstance(model_b.train_network, nn.TrainOneStepCell)
     assert float(model_b.train_network.sens) == 128.0
-    model_b.train(1, _dataset(x, y), dataset_sink_mode=True)
-    for name, value in _params(net_a).items():
-        np.testing.assert_allclose(_params(net_b)[name], value, rtol=1e-5, atol=1e-7, err_msg=name)
+    model_b.train(1, sample_dataset(x, y), dataset_sink_mode=True)
+    for name, value in param_values(net_a, np.float32).items():
+        np.testing.assert_allclose(param_values(net_b, np.float32)[name], value, rtol=1e-5, atol=1e-7, err_msg=name)
 
     manager = ms.DynamicLossScaleManager(init_loss_scale=2.0 ** 10, scale_factor=2, scale_window=1000)
     net_c, model_c = _momentum_model(loss_scale_manager=manager)
-    model_c.train(1, _dataset(x, y), dataset_sink_mode=True)
-    for name, value in _params(net_a).items():  # unscaled before the optimizer: same as no scaling
-        np.testing.assert_allclose(_params(net_c)[name], value, rtol=1e-4, atol=1e-6, err_msg=name)
-    before = _params(net_c)
+    model_c.train(1, sample_dataset(x, y), dataset_sink_mode=True)
+    for name, value in param_values(net_a, np.float32).items():  # unscaled before the optimizer: same as no scaling
+        np.testing.assert_allclose(param_values(net_c, np.float32)[name], value, rtol=1e-4, atol=1e-6, err_msg=name)
+    before = param_values(net_c, np.float32)
     x_bad = x.copy()
     x_bad[:] = np.inf
-    model_c.train(1, _dataset(x_bad, y), dataset_sink_mode=True, sink_size=1)
+    model_c.train(1, sample_dataset(x_bad, y), dataset_sink_mode=True, sink_size=1)
     for name, value in before.items():
-        np.testing.assert_array_equal(_params(net_c)[name], value, err_msg=name)
+        np.testing.assert_array_equal(param_values(net_c, np.float32)[name], value, err_msg=name)
     assert float(model_c.train_network.scale_sense.asnumpy()) == 2.0 ** 9
 
 
 def test_amp_levels_cast_like_model():
     ms.set_context(mode=ms.GRAPH_MODE)
-    x, y = _data()
+    x, y = sample_data()
     for level, expect_fp16 in (("O0", False), ("O2", True), ("O3", True)):
         net, model = _momentum_model(amp_level=level,
                                      loss_scale_manager=ms.FixedLossScaleManager(1.0, drop_overflow_update=False))
-        model.train(1, _dataset(x, y), dataset_sink_mode=True, sink_size=2)
+        model.train(1, sample_dataset(x, y), dataset_sink_mode=True, sink_size=2)
         logits = model.predict(Tensor(x))
         assert (logits.dtype == ms.float16) == expect_fp16, level
-        assert model.eval(_dataset(x, y))["acc"] >= 0.0
+        assert model.eval(sample_dataset(x, y))["acc"] >= 0.0
 
 
 def test_convert_returns_model_unchanged_for_other_optimizers():
     ms.set_context(mode=ms.GRAPH_MODE)
-    net = _MLP()
+    net = SmallMLP()
     opt = nn.Momentum(net.trainable_params(), 0.1, 0.9)
-    model = Model(net, _loss(), opt)
-    assert ConvertModelUtils.convert_to_thor_model(model, net, _loss(), opt) is model
-    assert ConvertModelUtils().convert_to_thor_model(model, network=net, loss_fn=_loss(), optimizer=opt) is model
+    model = Model(net, ce_loss(), opt)
+    assert ConvertModelUtils.convert_to_thor_model(model, net, ce_loss(), opt) is model
+    assert ConvertModelUtils().convert_to_thor_model(model, network=net, loss_fn=ce_loss(), optimizer=opt) is model
     assert ConvertModelUtils.convert_to_thor_model(model, net) is model
 
 
 # --------------------------------------------------------------------------- THOR
-def _thor_mlp(frequency=4, seed=0, **kwargs):
-    from ms_optim.nn import thor
-
-    ms.set_seed(seed)
-    net = _MLP()
-    steps = 64
-    opt = thor(net, Tensor(np.full((steps,), 0.05, np.float32)), Tensor(np.full((steps,), 0.03, np.float32)), 0.9,
-               weight_decay=1e-4, batch_size=BATCH, frequency=frequency, **kwargs)
-    return net, opt
-
-
 def test_model_thor_adds_float16_through_float32_on_cpu():
     """On CPU, ModelThor makes graphs add float16 tensors through float32 (ms_optim._float16_add: the same bits,
     without the CPU float16 Add's per-element index arrays) before it builds its training cell."""
     _float16_add.restore_float16_add()
-    net, opt = _thor_mlp()
-    ModelThor(net, _loss(), opt)
+    net, opt = thor_mlp()
+    ModelThor(net, ce_loss(), opt)
     assert _float16_add._STATE["installed"]
 
 
@@ -258,14 +215,14 @@ def test_thor_schedule_in_sink_loop_with_unaligned_sink_size(mode):
     """frequency 4, sink_size 3: THOR steps 0, 4, 8 inside sinks [0-2], [3-5], [6-8], [9-11]. fc1's factor
     at each sink end is that of the last THOR step's batch, and the parameters equal a plain
     TrainOneStepCell loop over the same 12 batches."""
-    x, y = _data()
-    ref_net, ref_opt = _thor_mlp()
-    step = nn.TrainOneStepCell(nn.WithLossCell(ref_net, _loss()), ref_opt).set_train()
+    x, y = sample_data()
+    ref_net, ref_opt = thor_mlp()
+    step = nn.TrainOneStepCell(nn.WithLossCell(ref_net, ce_loss()), ref_opt).set_train()
     for s in range(12):
         b = s % 5
         step(Tensor(x[b * BATCH:(b + 1) * BATCH]), Tensor(y[b * BATCH:(b + 1) * BATCH]))
 
-    net, opt = _thor_mlp()
+    net, opt = thor_mlp()
     seen = []
 
     class _Spy(Callback):
@@ -273,28 +230,28 @@ def test_thor_schedule_in_sink_loop_with_unaligned_sink_size(mode):
             seen.append((run_context.original_args().cur_step_num, net.fc1.matrix_a_cov.asnumpy().copy(),
                          int(opt.global_step.asnumpy().reshape(-1)[0])))
 
-    model = ConvertModelUtils.convert_to_thor_model(Model(net, _loss(), opt), net, loss_fn=_loss(), optimizer=opt)
+    model = ConvertModelUtils.convert_to_thor_model(Model(net, ce_loss(), opt), net, loss_fn=ce_loss(), optimizer=opt)
     assert isinstance(model, ModelThor) and model.frequency == 4
-    model.train(4, _dataset(x, y), callbacks=[_Spy()], dataset_sink_mode=True, sink_size=3)
+    model.train(4, sample_dataset(x, y), callbacks=[_Spy()], dataset_sink_mode=True, sink_size=3)
     assert [s[0] for s in seen] == [3, 6, 9, 12] and [s[2] for s in seen] == [3, 6, 9, 12]
     for (_, a_cov, _), last_thor_step in zip(seen, (0, 4, 8, 8)):
         np.testing.assert_allclose(a_cov, _batch_a(x, last_thor_step), rtol=1e-5, atol=1e-6)
-    for name, value in _params(ref_net).items():
-        np.testing.assert_allclose(_params(net)[name], value, rtol=1e-5, atol=1e-7, err_msg=name)
+    for name, value in param_values(ref_net, np.float32).items():
+        np.testing.assert_allclose(param_values(net, np.float32)[name], value, rtol=1e-5, atol=1e-7, err_msg=name)
 
 
 def test_thor_sink_equals_non_sink():
     ms.set_context(mode=ms.GRAPH_MODE)
-    x, y = _data()
+    x, y = sample_data()
     finals = []
     for sink, sink_size, epochs in ((False, -1, 2), (True, 2, 5), (True, -1, 2)):
-        net, opt = _thor_mlp(frequency=3)
-        model = ConvertModelUtils.convert_to_thor_model(None, net, loss_fn=_loss(), optimizer=opt, metrics={"acc"})
-        model.train(epochs, _dataset(x, y), dataset_sink_mode=sink, sink_size=sink_size)
+        net, opt = thor_mlp(frequency=3)
+        model = ConvertModelUtils.convert_to_thor_model(None, net, loss_fn=ce_loss(), optimizer=opt, metrics={"acc"})
+        model.train(epochs, sample_dataset(x, y), dataset_sink_mode=sink, sink_size=sink_size)
         assert int(opt.global_step.asnumpy().reshape(-1)[0]) == 10
         np.testing.assert_allclose(net.fc1.matrix_a_cov.asnumpy(), _batch_a(x, 9), rtol=1e-5, atol=1e-6)
-        finals.append(_params(net))
-        assert 0.0 <= model.eval(_dataset(x, y))["acc"] <= 1.0
+        finals.append(param_values(net, np.float32))
+        assert 0.0 <= model.eval(sample_dataset(x, y))["acc"] <= 1.0
     for other in finals[1:]:
         for name, value in finals[0].items():
             np.testing.assert_array_equal(other[name], value, err_msg=name)
@@ -302,12 +259,12 @@ def test_thor_sink_equals_non_sink():
 
 def test_convert_to_thor_model_static_and_instance_and_train_cell():
     ms.set_context(mode=ms.GRAPH_MODE)
-    net, opt = _thor_mlp()
-    model = Model(net, _loss(), opt)
-    a = ConvertModelUtils.convert_to_thor_model(model, net, loss_fn=_loss(), optimizer=opt)
-    b = ConvertModelUtils().convert_to_thor_model(model, network=net, loss_fn=_loss(), optimizer=opt)
+    net, opt = thor_mlp()
+    model = Model(net, ce_loss(), opt)
+    a = ConvertModelUtils.convert_to_thor_model(model, net, loss_fn=ce_loss(), optimizer=opt)
+    b = ConvertModelUtils().convert_to_thor_model(model, network=net, loss_fn=ce_loss(), optimizer=opt)
     assert isinstance(a, ModelThor) and isinstance(b, ModelThor) and a is not model
-    train_cell = nn.TrainOneStepCell(nn.WithLossCell(net, _loss()), opt)
+    train_cell = nn.TrainOneStepCell(nn.WithLossCell(net, ce_loss()), opt)
     c = ConvertModelUtils.convert_to_thor_model(Model(train_cell), train_cell)
     assert isinstance(c, ModelThor) and c.frequency == 4
     import inspect
@@ -374,13 +331,13 @@ def test_thor_dynamic_loss_scale_equals_unscaled(mode):
     steps 1, 3, 5, so the THOR steps 2 and 4 (frequency 2) run with scales 2048 and 4096. The layers'
     G carry the scale squared; the cell feeds the scale it used into ``factor_loss_scale``, so the
     parameters and every inverse equal those of the same run without loss scaling."""
-    x, y = _data()
+    x, y = sample_data()
     runs = []
     for manager in (None, ms.DynamicLossScaleManager(init_loss_scale=2.0 ** 10, scale_factor=2, scale_window=2)):
-        net, opt = _thor_mlp(frequency=2)
-        model = ConvertModelUtils.convert_to_thor_model(None, net, loss_fn=_loss(), optimizer=opt,
+        net, opt = thor_mlp(frequency=2)
+        model = ConvertModelUtils.convert_to_thor_model(None, net, loss_fn=ce_loss(), optimizer=opt,
                                                         loss_scale_manager=manager)
-        model.train(2, _dataset(x, y), dataset_sink_mode=True, sink_size=3)
+        model.train(2, sample_dataset(x, y), dataset_sink_mode=True, sink_size=3)
         assert int(opt.global_step.asnumpy().reshape(-1)[0]) == 6
         runs.append((net, opt, model))
     (net_a, opt_a, _), (net_b, opt_b, model_b) = runs
@@ -390,8 +347,8 @@ def test_thor_dynamic_loss_scale_equals_unscaled(mode):
     # G of the last THOR step (4) was stored under scale 4096
     np.testing.assert_allclose(net_b.fc2.matrix_g_cov.asnumpy() / 2.0 ** 24, net_a.fc2.matrix_g_cov.asnumpy(),
                                rtol=1e-4, atol=1e-12)
-    for name, value in _params(net_a).items():
-        np.testing.assert_allclose(_params(net_b)[name], value, rtol=1e-4, atol=1e-7, err_msg=name)
+    for name, value in param_values(net_a, np.float32).items():
+        np.testing.assert_allclose(param_values(net_b, np.float32)[name], value, rtol=1e-4, atol=1e-7, err_msg=name)
     for inv_a, inv_b in zip(list(opt_a.matrix_a_inv) + list(opt_a.matrix_g_inv),
                             list(opt_b.matrix_a_inv) + list(opt_b.matrix_g_inv)):
         np.testing.assert_allclose(inv_b.asnumpy(), inv_a.asnumpy(), rtol=1e-4, atol=1e-7, err_msg=inv_a.name)

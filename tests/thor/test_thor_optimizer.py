@@ -13,7 +13,9 @@ import pytest
 from mindspore import Tensor, nn, ops
 from reference.thor_factors import stored_form
 from reference.thor_ref import ConvRef, EmbedRef, MLPRef, ThorReference, block_inverse
-from thor_nets import MLP  # shared with the fault tests
+from support.nets import MLP, ConvNet, EmbedNet
+from support.params import param_values
+from support.thor_runs import init_params, mlp_batches, run_against_oracle, schedules, train_cell
 
 from ms_optim._thor import preconditioner as pc
 from ms_optim._thor.factory import thor
@@ -22,87 +24,6 @@ from ms_optim._thor.optimizer import ThorOptimizer
 
 RTOL = 1e-3
 ATOL = 1e-6
-
-
-# ----------------------------------------------------------------------------------- nets
-class ConvNet(nn.Cell):
-    def __init__(self):
-        super().__init__()
-        self.conv = nn.Conv2d(3, 4, (3, 2), stride=2, pad_mode="pad", padding=1, dilation=2, has_bias=True)
-        self.relu = nn.ReLU()
-        self.flatten = nn.Flatten()
-        self.fc = nn.Dense(4 * 4 * 5, 5)   # 9x9 input -> 4x5 output positions
-
-    def construct(self, x):
-        return self.fc(self.flatten(self.relu(self.conv(x))))
-
-
-class EmbedNet(nn.Cell):
-    def __init__(self, vocab=12, dim=6, tokens=3, hidden=16, classes=4):
-        super().__init__()
-        self.emb = nn.Embedding(vocab, dim)
-        self.fc1 = nn.Dense(tokens * dim, hidden)
-        self.ln = nn.LayerNorm((hidden,), epsilon=1e-7)
-        self.relu = nn.ReLU()
-        self.fc2 = nn.Dense(hidden, classes)
-        self.flat = tokens * dim
-
-    def construct(self, ids):
-        e = self.emb(ids)
-        x = ops.reshape(e, (e.shape[0], self.flat))
-        return self.fc2(self.relu(self.ln(self.fc1(x))))
-
-
-def _init_params(net, rng):
-    """Well-scaled random values (so the factors dominate the damping) written into ``net``."""
-    for p in net.trainable_params():
-        shape = p.shape
-        if p.name.endswith("gamma"):
-            value = 1.0 + 0.1 * rng.standard_normal(shape)
-        elif p.name.endswith(("bias", "beta")):
-            value = 0.1 * rng.standard_normal(shape)
-        else:
-            fan_in = int(np.prod(shape[1:])) if len(shape) > 1 else 1
-            value = rng.standard_normal(shape) * (1.0 if "embedding" in p.name else np.sqrt(2.0 / fan_in))
-        p.set_data(Tensor(value.astype(np.float32)))
-
-
-def _params(net):
-    return {p.name: p.asnumpy().astype(np.float64) for p in net.trainable_params()}
-
-
-def _train_cell(net, opt, sens=None):
-    loss = nn.SoftmaxCrossEntropyWithLogits(sparse=True, reduction="mean")
-    with_loss = nn.WithLossCell(net, loss)
-    cell = nn.TrainOneStepCell(with_loss, opt) if sens is None else nn.TrainOneStepCell(with_loss, opt, sens=sens)
-    return cell.set_train()
-
-
-def _compare(net, ref, step):
-    got = _params(net)
-    assert set(got) == set(ref.params)
-    for name, want in ref.params.items():
-        np.testing.assert_allclose(got[name], want, rtol=RTOL, atol=ATOL,
-                                   err_msg=f"parameter {name} after step {step}")
-
-
-def _run(net, ref, cell, batches):
-    for step, (x, y) in enumerate(batches):
-        loss = cell(Tensor(x), Tensor(y))
-        ref.step(x, y)
-        np.testing.assert_allclose(float(loss.asnumpy()), ref.losses[-1], rtol=RTOL, err_msg=f"loss at step {step}")
-        _compare(net, ref, step)
-
-
-def _mlp_batches(rng, steps, batch=16, n_in=20, classes=10):
-    return [(rng.standard_normal((batch, n_in)).astype(np.float32), rng.integers(0, classes, batch).astype(np.int32))
-            for _ in range(steps)]
-
-
-def _schedules(steps):
-    lr = np.linspace(0.1, 0.05, steps).astype(np.float32)
-    damping = np.linspace(0.05, 0.02, steps).astype(np.float32)
-    return lr, damping
 
 
 # ----------------------------------------------------------------------------------- MLP
@@ -124,9 +45,9 @@ def test_mlp_matches_reference(mode, path, rng, case):
     spec = MLP_CASES[case]
     steps = spec["steps"]
     net = MLP()
-    _init_params(net, rng)
-    lr, damping = _schedules(steps)
-    ref = ThorReference(MLPRef(), _params(net), lr, damping, 0.9, batch_size=16, frequency=spec["frequency"],
+    init_params(net, rng)
+    lr, damping = schedules(steps)
+    ref = ThorReference(MLPRef(), param_values(net), lr, damping, 0.9, batch_size=16, frequency=spec["frequency"],
                         **spec["ref"])
     opt = thor(net, Tensor(lr), Tensor(damping), 0.9, batch_size=16, frequency=spec["frequency"], **spec["kwargs"])
     assert opt.get_frequency() == spec["frequency"]
@@ -135,13 +56,13 @@ def test_mlp_matches_reference(mode, path, rng, case):
         assert layouts == [(1, 20), (2, 128), (2, 128), (1, 10)]  # A: 20, 150; G: 150, 10
     else:
         assert layouts == [(1, 20), (1, 150), (1, 150), (1, 10)]
-    cell = _train_cell(net, opt)
-    _run(net, ref, cell, _mlp_batches(rng, steps))
+    cell = train_cell(net, opt)
+    run_against_oracle(net, ref, cell, mlp_batches(rng, steps))
     if case == "f100_full_nesterov_decay_clip":
         # the clip must have been active: some preconditioned gradient had norm > 1 (else the case tests nothing)
         assert ref.clipped > 0
     # one step past the end of the per-step Tensors: a clear error naming the argument
-    x, y = _mlp_batches(rng, 1)[0]
+    x, y = mlp_batches(rng, 1)[0]
     with pytest.raises(ValueError, match=rf"For 'thor', the argument 'learning_rate' gives {steps} values, one per "
                                          rf"step, but step {steps + 1} was requested"):
         cell(Tensor(x), Tensor(y))
@@ -153,15 +74,15 @@ def test_loss_scale_128_equals_loss_scale_1(mode, rng):
     Learning rate and damping are 0-D Tensors here (the same value every step)."""
     steps = 4
     lr, damping = np.float32(0.08), np.float32(0.03)
-    batches = _mlp_batches(rng, steps)
+    batches = mlp_batches(rng, steps)
     nets = []
     for scale in (128.0, 1.0):
         net = MLP()
-        _init_params(net, np.random.default_rng(7))
-        ref = ThorReference(MLPRef(), _params(net), lr, damping, 0.9, batch_size=16, frequency=2)
+        init_params(net, np.random.default_rng(7))
+        ref = ThorReference(MLPRef(), param_values(net), lr, damping, 0.9, batch_size=16, frequency=2)
         opt = thor(net, Tensor(lr), Tensor(damping), 0.9, loss_scale=scale, batch_size=16, frequency=2)
-        _run(net, ref, _train_cell(net, opt, sens=scale if scale != 1.0 else None), batches)
-        nets.append(_params(net))
+        run_against_oracle(net, ref, train_cell(net, opt, sens=scale if scale != 1.0 else None), batches)
+        nets.append(param_values(net))
     for name in nets[0]:
         np.testing.assert_allclose(nets[0][name], nets[1][name], rtol=RTOL, atol=ATOL, err_msg=name)
 
@@ -169,37 +90,37 @@ def test_loss_scale_128_equals_loss_scale_1(mode, rng):
 # ----------------------------------------------------------------------------------- conv
 def test_conv_matches_reference(mode, path, rng):
     steps = 5
-    net = ConvNet()
-    _init_params(net, rng)
-    lr, damping = _schedules(steps)
-    ref = ThorReference(ConvRef((3, 2), 2, 2, 1), _params(net), lr, damping, 0.9,
+    net = ConvNet(dilation=2)
+    init_params(net, rng)
+    lr, damping = schedules(steps)
+    ref = ThorReference(ConvRef((3, 2), 2, 2, 1), param_values(net), lr, damping, 0.9,
                         batch_size=8, frequency=3)
     opt = thor(net, Tensor(lr), Tensor(damping), 0.9, batch_size=8, frequency=3)
     assert [type(c).__name__ for c in opt.thor_cells] == ["Conv2dThor", "DenseThor"]
     assert opt.a_layouts[0].n == 3 * 3 * 2
     batches = [(rng.standard_normal((8, 3, 9, 9)).astype(np.float32), rng.integers(0, 5, 8).astype(np.int32))
                for _ in range(steps)]
-    _run(net, ref, _train_cell(net, opt), batches)
+    run_against_oracle(net, ref, train_cell(net, opt), batches)
 
 
 # ----------------------------------------------------------------------------------- embedding
 def test_embedding_dense_layernorm_matches_reference(mode, path, rng):
     steps = 5
     net = EmbedNet()
-    _init_params(net, rng)
-    lr, damping = _schedules(steps)
+    init_params(net, rng)
+    lr, damping = schedules(steps)
 
     def keep(name):
         return not name.startswith("ln.") and "bias" not in name
 
-    ref = ThorReference(EmbedRef(1e-7), _params(net), lr, damping, 0.9, weight_decay=0.005, batch_size=8,
+    ref = ThorReference(EmbedRef(1e-7), param_values(net), lr, damping, 0.9, weight_decay=0.005, batch_size=8,
                         decay_filter=keep, frequency=2, layernorm=("ln",))
     opt = thor(net, Tensor(lr), Tensor(damping), 0.9, weight_decay=0.005, batch_size=8, frequency=2,
                decay_filter=lambda p: keep(p.name))
     assert [c.kind for c in opt.thor_cells] == ["embedding", "dense", "dense"]
     batches = [(rng.integers(0, 12, (8, 3)).astype(np.int32), rng.integers(0, 4, 8).astype(np.int32))
                for _ in range(steps)]
-    _run(net, ref, _train_cell(net, opt), batches)
+    run_against_oracle(net, ref, train_cell(net, opt), batches)
 
 
 # ----------------------------------------------------------------------------------- degenerate case
@@ -207,7 +128,7 @@ def test_identity_factors_damping_zero_equals_momentum(mode, rng):
     """With A = I, G = I (times loss_scale**2, as the layers store it) and damping 0, THOR is Momentum."""
     steps = 3
     net = MLP(6, 5, 3)
-    _init_params(net, rng)
+    init_params(net, rng)
     plain = MLP(6, 5, 3)
     for p, q in zip(plain.trainable_params(), net.trainable_params()):
         p.set_data(Tensor(q.asnumpy()))
@@ -230,11 +151,11 @@ def test_thor_flag_schedule_and_damping_end(mode, rng):
     """thor_flag is written (t + 1) % f == 0 after every step; step t is a THOR step iff t % f == 0
     (the inverses change exactly then); a damping Tensor shorter than the run is a clear error."""
     net = MLP(6, 5, 3)
-    _init_params(net, rng)
+    init_params(net, rng)
     lr = Tensor(np.full(10, 0.05, np.float32))
     opt = thor(net, lr, Tensor(np.full(5, 0.1, np.float32)), 0.9, batch_size=4, frequency=3)
     assert all(bool(layer.thor_flag.asnumpy()) for layer in opt.thor_cells)  # step 0 is a THOR step
-    cell = _train_cell(net, opt)
+    cell = train_cell(net, opt)
     before = opt.matrix_a_inv[1].asnumpy().copy()
     for t in range(5):
         x = rng.standard_normal((4, 6)).astype(np.float32)

@@ -1,13 +1,13 @@
 """Every refusal of ``ConvertModelUtils.convert_to_thor_model`` and ``ConvertNetUtils`` raises the
 documented type naming the argument, BEFORE anything changes: the net's cells (types, precision
 flags, training mode), its Parameters (names, dtypes, values), the Model's attributes and the
-optimizer's Parameters are compared before and after (tests/thor_snapshot.py). ``thor()``'s own
+optimizer's Parameters are compared before and after (tests/support/snapshot.py). ``thor()``'s own
 refusals are checked the same way in test_thor_validation.py."""
 import numpy as np
 import pytest
 from mindspore import Tensor, nn
 from mindspore.train import Model
-from thor_snapshot import assert_unchanged, snapshot
+from support.snapshot import assert_unchanged, snapshot
 
 from ms_optim._thor.convert import ConvertNetUtils
 from ms_optim._thor.factory import thor

@@ -8,7 +8,7 @@ net and of the optimizer keeps its value, on a THOR step and on a step in betwee
 import numpy as np
 import pytest
 from mindspore import Tensor, nn
-from thor_nets import MLP
+from support.nets import MLP
 
 from ms_optim._thor.factory import thor
 

@@ -10,8 +10,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from mindspore import Tensor
 from reference.thor_ref import EmbedRef, MLPRef, ThorReference
-from test_thor_optimizer import EmbedNet, _init_params, _mlp_batches, _params, _run, _schedules, _train_cell
-from thor_nets import MLP
+from support.nets import MLP, EmbedNet
+from support.params import param_values
+from support.thor_runs import init_params, mlp_batches, run_against_oracle, schedules, train_cell
 
 from ms_optim._thor.factory import thor
 from ms_optim._thor.preconditioner import BlockLayout
@@ -86,27 +87,27 @@ def test_one_device_true_equals_false_exactly(mode, rng, kind):
     """One device: distribute_inverses=True inverts every layer locally (counted) and changes no number;
     both runs also match the float64 reference."""
     steps, frequency = 5, 2
-    lr, damping = _schedules(steps)
+    lr, damping = schedules(steps)
     if kind == "mlp":
-        batches = _mlp_batches(rng, steps)
+        batches = mlp_batches(rng, steps)
     else:
         batches = [(rng.integers(0, 12, (8, 3)).astype(np.int32), rng.integers(0, 4, 8).astype(np.int32))
                    for _ in range(steps)]
     states = []
     for distribute in (False, True):
         net = MLP() if kind == "mlp" else EmbedNet()
-        _init_params(net, np.random.default_rng(3))
+        init_params(net, np.random.default_rng(3))
         if kind == "mlp":
-            ref = ThorReference(MLPRef(), _params(net), lr, damping, 0.9, batch_size=16, frequency=frequency,
+            ref = ThorReference(MLPRef(), param_values(net), lr, damping, 0.9, batch_size=16, frequency=frequency,
                                 weight_decay=0.01)
             opt = thor(net, Tensor(lr), Tensor(damping), 0.9, weight_decay=0.01, batch_size=16, frequency=frequency,
                        distribute_inverses=distribute)
         else:
-            ref = ThorReference(EmbedRef(1e-7), _params(net), lr, damping, 0.9, batch_size=8, frequency=frequency,
+            ref = ThorReference(EmbedRef(1e-7), param_values(net), lr, damping, 0.9, batch_size=8, frequency=frequency,
                                 layernorm=("ln",))
             opt = thor(net, Tensor(lr), Tensor(damping), 0.9, batch_size=8, frequency=frequency,
                        distribute_inverses=distribute)
-        _run(net, ref, _train_cell(net, opt), batches)
+        run_against_oracle(net, ref, train_cell(net, opt), batches)
         if distribute:
             thor_steps = len(range(0, steps, frequency))
             np.testing.assert_array_equal(opt.sharing.inversion_count.asnumpy(), [thor_steps] * opt.num_layers)

@@ -20,8 +20,9 @@ from mindspore import Tensor, nn
 from mindspore.train import Model
 from reference.thor_ref import MLPRef
 from reference.thor_trace_ref import ThorTraceReference
-from test_thor_optimizer import _init_params, _params, _train_cell
-from thor_nets import MLP
+from support.nets import MLP
+from support.params import param_values
+from support.thor_runs import init_params, train_cell
 
 from ms_optim._thor.factory import thor
 from ms_optim._thor.layers import ThorLayer
@@ -55,7 +56,7 @@ def _state(opt):
 
 def _setup(rng, thresholds, lr=0.003, damping=0.03, steps=STEPS):
     net = MLP()
-    _init_params(net, rng)
+    init_params(net, rng)
     lr_s = np.full(steps, lr, np.float32)
     damping_s = np.full(steps, damping, np.float32)
     opt = thor(net, Tensor(lr_s), Tensor(damping_s), 0.9, batch_size=16, frequency=FREQ,
@@ -66,9 +67,9 @@ def _setup(rng, thresholds, lr=0.003, damping=0.03, steps=STEPS):
 @pytest.mark.parametrize("thresholds", [PAIR, 0.15], ids=["pair", "single"])
 def test_rule_matches_reference_step_by_step(mode, rng, thresholds):
     net, opt, lr, damping = _setup(rng, thresholds)
-    ref = ThorTraceReference(MLPRef(), _params(net), lr, damping, 0.9, batch_size=16, frequency=FREQ,
+    ref = ThorTraceReference(MLPRef(), param_values(net), lr, damping, 0.9, batch_size=16, frequency=FREQ,
                              trace_thresholds=thresholds)
-    cell = _train_cell(net, opt)
+    cell = train_cell(net, opt)
     names = [name for name, _ in MLPRef.layers]
     for t, (x, y) in enumerate(_batches(rng)):
         before = _state(opt)["inversions"]
@@ -91,7 +92,7 @@ def test_rule_matches_reference_step_by_step(mode, rng, thresholds):
         assert state["inversions"] == [ref.inversions[n] for n in names], t
         np.testing.assert_allclose(state["last"], [ref.last_trace[n] for n in names], rtol=RTOL)
         for name, want in ref.params.items():
-            np.testing.assert_allclose(_params(net)[name], want, rtol=RTOL, atol=ATOL,
+            np.testing.assert_allclose(param_values(net)[name], want, rtol=RTOL, atol=ATOL,
                                        err_msg=f"parameter {name} after step {t}")
     bands = {decision[n][2] for decision in ref.decisions.values() for n in names}
     if thresholds == PAIR:
@@ -103,7 +104,7 @@ def test_rule_matches_reference_step_by_step(mode, rng, thresholds):
 
 def _run_plain(rng_seed, thresholds, batches):
     net, opt, _, _ = _setup(np.random.default_rng(rng_seed), thresholds, lr=0.05)
-    cell = _train_cell(net, opt)
+    cell = train_cell(net, opt)
     for x, y in batches:
         cell(Tensor(x), Tensor(y))
     return net, opt
@@ -117,8 +118,8 @@ def test_zero_thresholds_are_the_fixed_schedule_exactly(mode, rng):
     for zero in (0.0, 0, (0.0, 0.0)):
         net, opt = _run_plain(3, zero, batches)
         assert _state(opt)["inversions"] == [4, 4]  # THOR steps 0, 2, 4, 6
-        for name, value in _params(fixed).items():
-            np.testing.assert_array_equal(_params(net)[name], value, err_msg=f"{name} ({zero!r})")
+        for name, value in param_values(fixed).items():
+            np.testing.assert_array_equal(param_values(net)[name], value, err_msg=f"{name} ({zero!r})")
         for a, b in zip(opt.matrix_a_inv + opt.matrix_g_inv, fixed_opt.matrix_a_inv + fixed_opt.matrix_g_inv):
             np.testing.assert_array_equal(a.asnumpy(), b.asnumpy(), err_msg=a.name)
 
@@ -127,7 +128,7 @@ def test_huge_thresholds_keep_the_first_inverses(mode, rng):
     batches = [(rng.standard_normal((16, 20)).astype(np.float32) * (1 + s), rng.integers(0, 10, 16).astype(np.int32))
                for s in range(7)]
     net, opt, _, _ = _setup(np.random.default_rng(5), 1e30, lr=0.05)
-    cell = _train_cell(net, opt)
+    cell = train_cell(net, opt)
     cell(Tensor(batches[0][0]), Tensor(batches[0][1]))
     first = [p.asnumpy().copy() for p in opt.matrix_a_inv + opt.matrix_g_inv]
     assert not all(np.array_equal(f, np.eye(f.shape[-1])[None]) for f in first)  # step 0 did invert
@@ -147,7 +148,7 @@ def test_checkpoint_round_trips_the_trace_state(mode, rng, tmp_path):
     batches = _batches(rng)
     seed = 11
     net, opt, _, _ = _setup(np.random.default_rng(seed), PAIR)
-    cell = _train_cell(net, opt)
+    cell = train_cell(net, opt)
     for x, y in batches[:5]:
         cell(Tensor(x), Tensor(y))
     saved = _state(opt)
@@ -160,7 +161,7 @@ def test_checkpoint_round_trips_the_trace_state(mode, rng, tmp_path):
         cell(Tensor(x), Tensor(y))
 
     net2, opt2, _, _ = _setup(np.random.default_rng(99), PAIR)  # other initial values: all must come from the file
-    cell2 = _train_cell(net2, opt2)
+    cell2 = train_cell(net2, opt2)
     not_loaded, _ = ms.load_param_into_net(cell2, ms.load_checkpoint(path))
     assert not [n for n in not_loaded if "thor_" in n]
     loaded = _state(opt2)
@@ -172,8 +173,8 @@ def test_checkpoint_round_trips_the_trace_state(mode, rng, tmp_path):
     assert {k: _state(opt2)[k] for k in ("since", "interval", "inversions")} == \
         {k: _state(opt)[k] for k in ("since", "interval", "inversions")}
     np.testing.assert_array_equal(_state(opt2)["last"], _state(opt)["last"])
-    for name, value in _params(net).items():
-        np.testing.assert_array_equal(_params(net2)[name], value, err_msg=name)
+    for name, value in param_values(net).items():
+        np.testing.assert_array_equal(param_values(net2)[name], value, err_msg=name)
 
 
 def _dataset(batches):
@@ -191,7 +192,7 @@ def test_model_and_model_thor_make_the_same_decisions(rng):
     batches = _batches(rng)[:12]
     loss = nn.SoftmaxCrossEntropyWithLogits(sparse=True, reduction="mean")
     ref_net, ref_opt, _, _ = _setup(np.random.default_rng(2), PAIR)
-    cell = _train_cell(ref_net, ref_opt)
+    cell = train_cell(ref_net, ref_opt)
     for x, y in batches:
         cell(Tensor(x), Tensor(y))
     want = _state(ref_opt)
@@ -210,8 +211,8 @@ def test_model_and_model_thor_make_the_same_decisions(rng):
         assert {k: got[k] for k in ("since", "interval", "inversions")} == \
             {k: want[k] for k in ("since", "interval", "inversions")}, label
         np.testing.assert_allclose(got["last"], want["last"], rtol=1e-5, err_msg=label)
-        for name, value in _params(ref_net).items():
-            np.testing.assert_allclose(_params(net)[name], value, rtol=1e-5, atol=1e-7, err_msg=f"{label}: {name}")
+        for name, value in param_values(ref_net).items():
+            np.testing.assert_allclose(param_values(net)[name], value, rtol=1e-5, atol=1e-7, err_msg=f"{label}: {name}")
 
 
 # ----------------------------------------------------------------------------------- validation

@@ -6,7 +6,7 @@ import mindspore as ms
 import numpy as np
 import pytest
 from mindspore import Tensor, nn
-from thor_snapshot import assert_unchanged, snapshot
+from support.snapshot import assert_unchanged, snapshot
 
 from ms_optim._thor.factory import thor
 from ms_optim._thor.layers import ThorLayer
