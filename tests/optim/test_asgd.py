@@ -14,6 +14,8 @@ from support.params import make_params
 
 from ms_optim.nn import ASGD
 
+pytestmark = [pytest.mark.core, pytest.mark.numeric]  # selected by CI's version legs (.ci/run)
+
 RTOL = 1e-4
 # float32 keeps ~1e-7 absolute rounding on elements the update carries near 0 from |w| ~ 1;
 # a wrong update moves w by ~lr*|g| >> 1e-6.

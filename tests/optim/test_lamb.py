@@ -15,6 +15,8 @@ from ms_optim.nn import Lamb
 from ms_optim.optim import _fused
 from ms_optim.optim._trust_ratio import l2_norm, trust_ratio
 
+pytestmark = [pytest.mark.core, pytest.mark.numeric]  # selected by CI's version legs (.ci/run)
+
 
 def test_fused_kernels_build_where_gxx_exists():
     if shutil.which("g++") is not None:

@@ -16,6 +16,8 @@ from support.params import make_params
 from ms_optim.nn import ASGD, LARS, Lamb
 from ms_optim.optim.lars import default_lars_filter
 
+pytestmark = [pytest.mark.core, pytest.mark.numeric]  # selected by CI's version legs (.ci/run)
+
 
 def _check(params, expected, step):
     for p, w in zip(params, expected):

@@ -24,6 +24,8 @@ import ms_optim
 from ms_optim.loss_scale import TrainOneStepWithLossScaleCell  # MindSpore's needs an Ascend-only op on CPU
 from ms_optim.optim._base import check_schedule_length
 
+pytestmark = pytest.mark.core  # selected by CI's version leg on the oldest MindSpore (.ci/run)
+
 RTOL = 1e-4
 ATOL = 1e-6  # float32 rounding of elements the update carries near 0 from |w| ~ 1
 

@@ -33,6 +33,8 @@ from support.thor_runs import train_cell
 from ms_optim._thor import grouped, taps
 from ms_optim._thor.factory import thor
 
+pytestmark = pytest.mark.core  # selected by CI's version leg on the oldest MindSpore (.ci/run)
+
 RTOL = 1e-3
 # float32 against float64 through four layers and 150-wide whole-matrix inverses: entries near zero carry
 # absolute errors of a few 1e-6 after five steps (weights are of order 0.1 to 1)

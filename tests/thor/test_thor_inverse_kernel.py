@@ -18,6 +18,8 @@ from mindspore import Parameter, Tensor, nn, ops
 from ms_optim._thor import factor_kernels as fk
 from ms_optim._thor.preconditioner import INVERSE_TOLERANCE
 
+pytestmark = pytest.mark.core  # selected by CI's version leg on the oldest MindSpore (.ci/run)
+
 
 @pytest.fixture(scope="module")
 def inverse_op():

@@ -19,6 +19,8 @@ from reference import thor_factors as ref
 
 from ms_optim._thor.layers import Conv2dThor, DenseThor, EmbeddingThor, ThorLayer
 
+pytestmark = [pytest.mark.core, pytest.mark.numeric]  # selected by CI's version legs (.ci/run)
+
 RTOL = 1e-4
 
 

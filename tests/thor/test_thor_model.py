@@ -24,6 +24,9 @@ from ms_optim._thor.model import ConvertModelUtils, ModelThor
 if REPO not in sys.path:  # model_zoo importable
     sys.path.insert(0, REPO)
 
+pytestmark = pytest.mark.core  # selected by CI's version leg on the oldest MindSpore (.ci/run)
+
+
 def _momentum_model(seed=0, **kwargs):
     ms.set_seed(seed)
     net = SmallMLP()

@@ -22,6 +22,8 @@ from ms_optim._thor.factory import thor
 from ms_optim._thor.layers import ThorLayer
 from ms_optim._thor.optimizer import ThorOptimizer
 
+pytestmark = [pytest.mark.core, pytest.mark.numeric]  # selected by CI's version legs (.ci/run)
+
 RTOL = 1e-3
 ATOL = 1e-6
 
