@@ -1,11 +1,13 @@
-"""Generic tests of ms_optim's Lamb, LARS(Momentum) and ASGD, driven by tests/support/optim_table.py.
+"""Generic tests of ms_optim's Lamb, LARS(Momentum), ASGD and thor, driven by tests/support/optim_table.py.
 
 Per optimizer: the argument table (good sets accepted; bad sets refused with the documented type and a
-message naming the argument and the value), the public signature (= MindSpore's hidden one), the
+message naming the argument and the value), the public signature (= MindSpore's documented one; thor's
+own keyword-only extensions after it). For the first-order optimizers, on Parameters and groups: the
 numeric update against the float64 reference for parameter groups/order_params, every learning-rate
 form (int, float, 0-D and 1-D Tensor, list, LearningRateSchedule), weight decay as a number or a Cell
-and the default beta/gamma decay filter; a learning-rate list
-shorter than the steps trained; TrainOneStepCell (= calling the optimizer directly);
+and the default beta/gamma decay filter; a learning-rate list shorter than the steps trained (thor's
+per-step Tensors: tests/thor/test_thor_optimizer.py). For all four, on a net:
+TrainOneStepCell (= calling the optimizer directly);
 TrainOneStepWithLossScaleCell with an overflowing step (parameters and every optimizer state Parameter
 bitwise untouched); Model.train with and without dataset sink (= the manual loop); and checkpoints
 (save, load into fresh objects, continue: the trajectory equals the uninterrupted one exactly).
@@ -18,7 +20,7 @@ import numpy as np
 import pytest
 from mindspore import Parameter, Tensor, nn, ops
 from mindspore.nn.learning_rate_schedule import LearningRateSchedule
-from support.optim_table import EMPTY, OPTIMIZERS, mindspore_signature
+from support.optim_table import EMPTY, OPTIMIZERS, PARAM_OPTIMIZERS, TwoDense, mindspore_signature
 
 import ms_optim
 from ms_optim.loss_scale import TrainOneStepWithLossScaleCell  # MindSpore's needs an Ascend-only op on CPU
@@ -35,18 +37,15 @@ GOOD = [(info, kwargs) for info in OPTIMIZERS for kwargs in info.good]
 
 # ---- arguments and signatures -----------------------------------------------------------------------
 
-def _two_params():
-    return [Parameter(Tensor(np.ones((2, 3), np.float32)), name="w"),
-            Parameter(Tensor(np.ones(3, np.float32)), name="b")]
-
-
 @pytest.mark.parametrize("info,bad", BAD, ids=[f"{i.name}-{b.label}" for i, b in BAD])
 def test_bad_arguments_are_refused_clearly(info, bad):
     with pytest.raises(bad.error) as caught:
-        bad.build(_two_params())
+        bad.build(info.target())
     message = str(caught.value)
     assert f"'{bad.name}'" in message, message
     assert bad.shows in message, message
+    for words in bad.also:
+        assert words in message, (words, message)
 
 
 @pytest.mark.parametrize("bounds", [dict(low=0.0), dict(low=0.0, low_inclusive=False), dict(high=1.0),
@@ -64,10 +63,12 @@ def test_check_range_refuses_nan_for_every_bound_form(bounds):
 
 @pytest.mark.parametrize("info,kwargs", GOOD, ids=[f"{i.name}-{sorted(k)}" for i, k in GOOD])
 def test_good_arguments_are_accepted(info, kwargs):
-    params = _two_params()
-    opt = info.make(params, **kwargs)
+    target = info.target()
+    opt = info.make(target, **kwargs)
     assert isinstance(opt, nn.Optimizer)
-    assert [p.name for p in opt.parameters] == ["w", "b"]
+    params = target if info.takes_params else target.trainable_params()
+    assert [p.name for p in opt.parameters] == [p.name for p in params] == (
+        ["w", "b"] if info.takes_params else ["dense1.weight", "dense1.bias", "dense2.weight", "dense2.bias"])
 
 
 def _same_filter(a, b):
@@ -92,10 +93,15 @@ def _matches(actual, expected):
 
 @pytest.mark.parametrize("info", OPTIMIZERS, ids=repr)
 def test_signature_is_mindspores_documented_one(info):
-    ours = [(p.name, p.default) for p in inspect.signature(info.cls).parameters.values()]
-    assert _matches(ours, info.signature), ours
+    """MindSpore's arguments in its order with its defaults, positional or keyword; after them only the
+    table's keyword-only extensions (thor's)."""
+    params = list(inspect.signature(info.cls).parameters.values())
+    mindspores = [p for p in params if p.kind == p.POSITIONAL_OR_KEYWORD]
+    assert _matches([(p.name, p.default) for p in mindspores], info.signature), params
     assert _matches(mindspore_signature(info.mindspore_cls), info.signature)  # the table is MindSpore 2.10's
-    assert all(p.kind == p.POSITIONAL_OR_KEYWORD for p in inspect.signature(info.cls).parameters.values())
+    extensions = params[len(mindspores):]
+    assert [p.name for p in extensions] == list(info.extensions)
+    assert all(p.kind == p.KEYWORD_ONLY for p in extensions)
 
 
 # ---- numbers against the float64 references ---------------------------------------------------------
@@ -156,7 +162,7 @@ CONFIGS = ["int_lr_float_decay", "tensor_list_lr_cell_decay", "groups_order_sche
 
 
 @pytest.mark.parametrize("config", CONFIGS)
-@pytest.mark.parametrize("info", OPTIMIZERS, ids=repr)
+@pytest.mark.parametrize("info", PARAM_OPTIMIZERS, ids=repr)
 def test_update_matches_reference(info, config, mode, rng):
     spec = GROUPED if config.startswith("groups") else PLAIN
     arrays = {n: rng.standard_normal(shape).astype(np.float32) for n, shape in spec}
@@ -188,7 +194,7 @@ def _assert_states_equal(before, after, what, skip=()):
             assert np.array_equal(value, after[name], equal_nan=True), f"{what}: {name} changed"
 
 
-@pytest.mark.parametrize("info", OPTIMIZERS, ids=repr)
+@pytest.mark.parametrize("info", PARAM_OPTIMIZERS, ids=repr)
 def test_learning_rate_list_shorter_than_training_is_a_clear_error(info, mode, rng):
     params = [Parameter(Tensor(rng.standard_normal((3, 2)).astype(np.float32)), name="w")]
     opt = info.make(params, learning_rate=[0.1, 0.05], **info.hyper)
@@ -224,22 +230,11 @@ def test_one_schedule_length_check_and_message_for_every_owner(mode):
 
 # ---- inside MindSpore's training machinery ----------------------------------------------------------
 
-class _Net(nn.Cell):
-    def __init__(self):
-        super().__init__()
-        self.dense1 = nn.Dense(4, 8)
-        self.relu = nn.ReLU()
-        self.dense2 = nn.Dense(8, 3)
-
-    def construct(self, x):
-        return self.dense2(self.relu(self.dense1(x)))
-
-
 def _build(info, seed, lr=0.05, **extra):
     ms.set_seed(seed)
-    net = _Net()
+    net = TwoDense()
     hyper = {**info.hyper, **extra}
-    opt = info.make(net.trainable_params(), learning_rate=lr, weight_decay=0.01, **hyper)
+    opt = info.make_for_net(net, learning_rate=lr, weight_decay=0.01, **hyper)
     return net, opt
 
 

@@ -1,14 +1,16 @@
-"""One table of ms_optim's first-order optimizers for the generic tests (torch's OptimizerInfo style).
+"""One table of ms_optim's optimizers for the generic tests (torch's OptimizerInfo style).
 
-Per optimizer: how to build it on a list of Parameters (or groups), its expected public signature
-(MindSpore 2.10's documented one; MindSpore's own classes hide it behind a decorator), argument sets
-that must be accepted, argument sets that must be refused (exception type, the argument the message
-must name, and the received value it must show), the prefixes of its state Parameters, and a float64
-reference of its update for the numeric generic tests.
+Per optimizer: how to build it (the first-order ones on a list of Parameters or groups; THOR, which
+converts the net's layers, on a net), its expected public signature (MindSpore 2.10's documented one;
+MindSpore's own classes hide it behind a decorator), argument sets that must be accepted, argument sets
+that must be refused (exception type, the argument the message must name, and the received value it
+must show), the prefixes of its state Parameters, and for the first-order ones a float64 reference of
+their update for the numeric generic tests (THOR's oracle runs are in tests/thor/).
 
-Every "Raises" line of MindSpore's documentation for Lamb, LARS and ASGD is a row of ``bad`` (plus
+Every "Raises" line of MindSpore's documentation for Lamb, LARS, ASGD and thor is a row of ``bad`` (plus
 ms_optim's clearer errors where MindSpore fails badly: ``LARS("sgd")``, ``lars_filter=3``, negative
-``lambd``/``alpha``). A learning-rate list shorter than the steps trained is tested per optimizer in
+``lambd``/``alpha``; and for thor its whole table, which tests/thor/test_thor_validation.py also runs
+on an unconverted net). A learning-rate list shorter than the steps trained is tested per optimizer in
 tests/optim/test_optim_generic.py (it can only fail at run time).
 """
 from __future__ import annotations
@@ -24,10 +26,9 @@ from reference.lamb_ref import LambReference, centralize
 from reference.lars_ref import LarsReference, MomentumReference
 
 import ms_optim
+from support.refusals import INF, Bad, asgd_bad, lamb_bad, lars_bad, thor_bad
 
 EMPTY = inspect.Parameter.empty
-NAN = float("nan")
-INF = float("inf")
 
 
 def _lars_filter_default(param: Parameter) -> bool:
@@ -35,34 +36,53 @@ def _lars_filter_default(param: Parameter) -> bool:
     return "LayerNorm" not in param.name and "bias" not in param.name
 
 
-@dataclass
-class Bad:
-    """Arguments that must be refused: ``build(params)`` raises ``error`` whose message contains
-    ``'<name>'`` and ``shows`` (the received value as the message writes it)."""
-    label: str
-    build: Callable[[List[Parameter]], Any]
-    error: type
-    name: str
-    shows: str
+def two_params() -> List[Parameter]:
+    """What the first-order optimizers' good and bad argument sets are built on: ``w`` (2, 3) and ``b`` (3,)."""
+    return [Parameter(Tensor(np.ones((2, 3), np.float32)), name="w"),
+            Parameter(Tensor(np.ones(3, np.float32)), name="b")]
+
+
+class TwoDense(nn.Cell):
+    """Dense(4 -> 8) -> ReLU -> Dense(8 -> 3): the net of the generic training tests, and what THOR's
+    argument sets are built on."""
+
+    def __init__(self):
+        super().__init__()
+        self.dense1 = nn.Dense(4, 8)
+        self.relu = nn.ReLU()
+        self.dense2 = nn.Dense(8, 3)
+
+    def construct(self, x):
+        return self.dense2(self.relu(self.dense1(x)))
 
 
 @dataclass
 class OptimInfo:
     """What the generic tests need to know about one optimizer."""
     name: str
-    cls: type                                        # the public class (ms_optim.nn.<name>)
-    mindspore_cls: type                              # mindspore.nn.<name>, for its hidden signature
+    cls: Callable[..., nn.Optimizer]                 # the public class or factory (ms_optim.nn.<name>)
+    mindspore_cls: Callable[..., Any]                # mindspore.nn.<name>, for its documented signature
     signature: List[Tuple[str, Any]]                 # (argument, default) in order; EMPTY = required
-    make: Callable[..., nn.Optimizer]                # make(params_or_groups, learning_rate, weight_decay, **hyper)
+    make: Callable[..., nn.Optimizer]                # make(target, learning_rate, weight_decay, **hyper)
     good: List[Dict[str, Any]]                       # keyword sets make() must accept
     bad: List[Bad]                                   # argument sets the class must refuse
     state_prefixes: Tuple[str, ...]                  # names of state Parameters start with these
     hyper: Dict[str, Any] = field(default_factory=dict)  # hyper-parameters for the numeric runs
     reference: Optional[Callable[..., Any]] = None   # reference(arrays, names, centralize_flags, **hyper)
     centralization: bool = True                      # numeric runs may use grad_centralization groups
+    takes_params: bool = True                        # make's target: Parameters/groups (else a net: THOR)
+    extensions: Tuple[str, ...] = ()                 # keyword-only arguments ms_optim adds after MindSpore's
 
     def __repr__(self) -> str:  # readable pytest ids
         return self.name
+
+    def target(self):
+        """A fresh target for the argument sets: ``two_params()``, or a ``TwoDense`` net for THOR."""
+        return two_params() if self.takes_params else TwoDense()
+
+    def make_for_net(self, net, **kwargs) -> nn.Optimizer:
+        """The optimizer training ``net``: on its trainable Parameters, or on the net itself (THOR)."""
+        return self.make(net.trainable_params() if self.takes_params else net, **kwargs)
 
 
 class _CentralizeFirst:
@@ -90,56 +110,6 @@ def _ref_lamb(arrays, names, centralize_flags, beta1=0.9, beta2=0.999, eps=1e-6)
     return _CentralizeFirst(LambReference(arrays, beta1, beta2, eps), centralize_flags)
 
 
-def _lamb_bad() -> List[Bad]:
-    def lamb(**kw):
-        return lambda ps: ms_optim.nn.Lamb(**{"params": ps, "learning_rate": 0.1, **kw})
-    return [
-        Bad("int beta1", lamb(beta1=1), TypeError, "beta1", "1"),
-        Bad("beta1 = 1.5", lamb(beta1=1.5), ValueError, "beta1", "1.5"),
-        Bad("beta1 = 0.0", lamb(beta1=0.0), ValueError, "beta1", "0.0"),
-        Bad("beta1 = 1.0", lamb(beta1=1.0), ValueError, "beta1", "1.0"),
-        Bad("int beta2", lamb(beta2=0), TypeError, "beta2", "0"),
-        Bad("beta2 = 1.0", lamb(beta2=1.0), ValueError, "beta2", "1.0"),
-        Bad("beta2 = -0.5", lamb(beta2=-0.5), ValueError, "beta2", "-0.5"),
-        Bad("int eps", lamb(eps=1), TypeError, "eps", "1"),
-        Bad("eps = 0.0", lamb(eps=0.0), ValueError, "eps", "0.0"),
-        Bad("eps < 0", lamb(eps=-1e-6), ValueError, "eps", "-1e-06"),
-        Bad("negative weight_decay", lamb(weight_decay=-0.1), ValueError, "weight_decay", "-0.1"),
-        Bad("str weight_decay", lamb(weight_decay="0.1"), TypeError, "weight_decay", "'0.1'"),
-        Bad("non-Parameter params", lambda ps: ms_optim.nn.Lamb([1.0, 2.0], 0.1), TypeError, "params", "1.0"),
-        Bad("Tensor params", lambda ps: ms_optim.nn.Lamb(Tensor(np.ones(2, np.float32)), 0.1),
-            TypeError, "params", "Tensor"),
-        Bad("group of non-Parameters", lambda ps: ms_optim.nn.Lamb([{"params": [3]}], 0.1),
-            TypeError, "params", "3"),
-        Bad("str learning_rate", lamb(learning_rate="0.1"), TypeError, "learning_rate", "'0.1'"),
-        Bad("negative learning_rate", lamb(learning_rate=-0.1), ValueError, "learning_rate", "-0.1"),
-        Bad("2-D Tensor learning_rate", lamb(learning_rate=Tensor(np.ones((2, 2), np.float32))),
-            ValueError, "learning_rate", "(2, 2)"),
-        # non-finite values (NaN passes `x < low` tests): every one named with its value
-        Bad("beta1 = nan", lamb(beta1=NAN), ValueError, "beta1", "nan"),
-        Bad("beta1 = inf", lamb(beta1=INF), ValueError, "beta1", "inf"),
-        Bad("beta2 = nan", lamb(beta2=NAN), ValueError, "beta2", "nan"),
-        Bad("beta2 = -inf", lamb(beta2=-INF), ValueError, "beta2", "-inf"),
-        Bad("eps = nan", lamb(eps=NAN), ValueError, "eps", "nan"),
-        Bad("eps = inf", lamb(eps=INF), ValueError, "eps", "inf"),
-        Bad("learning_rate = nan", lamb(learning_rate=NAN), ValueError, "learning_rate", "nan"),
-        Bad("learning_rate = inf", lamb(learning_rate=INF), ValueError, "learning_rate", "inf"),
-        Bad("weight_decay = nan", lamb(weight_decay=NAN), ValueError, "weight_decay", "nan"),
-        Bad("weight_decay = inf", lamb(weight_decay=INF), ValueError, "weight_decay", "inf"),
-        Bad("list learning_rate with nan", lamb(learning_rate=[0.1, NAN]), ValueError, "learning_rate", "nan"),
-        Bad("list learning_rate with a negative", lamb(learning_rate=[0.1, -0.2]), ValueError, "learning_rate",
-            "-0.2"),
-        Bad("empty list learning_rate", lamb(learning_rate=[]), ValueError, "learning_rate", "[]"),
-        Bad("list learning_rate with a str", lamb(learning_rate=[0.1, "x"]), TypeError, "learning_rate", "'x'"),
-        Bad("Tensor learning_rate with nan", lamb(learning_rate=Tensor(np.array([0.1, np.nan], np.float32))),
-            ValueError, "learning_rate", "nan"),
-        Bad("Tensor learning_rate negative", lamb(learning_rate=Tensor(np.float32(-0.5))), ValueError,
-            "learning_rate", "-0.5"),
-        Bad("group lr with nan", lambda ps: ms_optim.nn.Lamb([{"params": ps, "lr": [0.1, NAN]}], 0.1),
-            ValueError, "lr", "nan"),
-    ]
-
-
 # ---- LARS (around MindSpore's Momentum) -------------------------------------------------------------
 
 def _make_lars(params, learning_rate=0.05, weight_decay=0.0, momentum=0.9, **hyper):
@@ -152,35 +122,6 @@ def _ref_lars(arrays, names, centralize_flags, momentum=0.9, epsilon=1e-5, coeff
     return LarsReference(MomentumReference(arrays, momentum), keep, coefficient, epsilon, use_clip)
 
 
-def _lars_bad() -> List[Bad]:
-    def lars(**kw):
-        return lambda ps: ms_optim.nn.LARS(nn.Momentum(ps, 0.1, 0.9), **kw)
-    return [
-        Bad("optimizer is a str", lambda ps: ms_optim.nn.LARS("sgd"), TypeError, "optimizer", "'sgd'"),
-        Bad("optimizer is None", lambda ps: ms_optim.nn.LARS(None), TypeError, "optimizer", "None"),
-        Bad("optimizer is a list of Parameters", lambda ps: ms_optim.nn.LARS(ps), TypeError, "optimizer", "list"),
-        Bad("int epsilon", lars(epsilon=1), TypeError, "epsilon", "1"),
-        Bad("int coefficient", lars(coefficient=1), TypeError, "coefficient", "1"),
-        Bad("use_clip = 1", lars(use_clip=1), TypeError, "use_clip", "1"),
-        Bad("use_clip = 'True'", lars(use_clip="True"), TypeError, "use_clip", "'True'"),
-        Bad("lars_filter = 3", lars(lars_filter=3), TypeError, "lars_filter", "3"),
-        Bad("epsilon = nan", lars(epsilon=NAN), ValueError, "epsilon", "nan"),
-        Bad("epsilon = inf", lars(epsilon=INF), ValueError, "epsilon", "inf"),
-        Bad("epsilon < 0", lars(epsilon=-1e-5), ValueError, "epsilon", "-1e-05"),
-        Bad("coefficient = nan", lars(coefficient=NAN), ValueError, "coefficient", "nan"),
-        Bad("coefficient = inf", lars(coefficient=INF), ValueError, "coefficient", "inf"),
-        Bad("coefficient < 0", lars(coefficient=-0.001), ValueError, "coefficient", "-0.001"),
-        # MindSpore's Momentum accepts these lists; LARS refuses them before the first step
-        Bad("inner learning_rate = []", lambda ps: ms_optim.nn.LARS(nn.Momentum(ps, [], 0.9)), ValueError,
-            "learning_rate", "[]"),
-        Bad("inner learning_rate list with nan", lambda ps: ms_optim.nn.LARS(nn.Momentum(ps, [0.1, NAN], 0.9)),
-            ValueError, "learning_rate", "nan"),
-        Bad("inner learning_rate Tensor with a negative",
-            lambda ps: ms_optim.nn.LARS(nn.Momentum(ps, Tensor(np.array([0.1, -0.2], np.float32)), 0.9)),
-            ValueError, "learning_rate", "-0.2"),
-    ]
-
-
 # ---- ASGD -------------------------------------------------------------------------------------------
 
 def _make_asgd(params, learning_rate=0.05, weight_decay=0.0, **hyper):
@@ -191,34 +132,15 @@ def _ref_asgd(arrays, names, centralize_flags, lambd=1e-4, alpha=0.75, t0=1e6):
     return ASGDReference(arrays, lambd, alpha, t0, centralize_flags)
 
 
-def _asgd_bad() -> List[Bad]:
-    def asgd(**kw):
-        return lambda ps: ms_optim.nn.ASGD(**{"params": ps, **kw})
-    return [
-        Bad("int lambd", asgd(lambd=1), TypeError, "lambd", "1"),
-        Bad("int alpha", asgd(alpha=1), TypeError, "alpha", "1"),
-        Bad("int t0", asgd(t0=1000000), TypeError, "t0", "1000000"),
-        Bad("negative lambd", asgd(lambd=-1e-4), ValueError, "lambd", "-0.0001"),
-        Bad("negative alpha", asgd(alpha=-0.75), ValueError, "alpha", "-0.75"),
-        Bad("negative weight_decay", asgd(weight_decay=-0.01), ValueError, "weight_decay", "-0.01"),
-        Bad("list weight_decay", asgd(weight_decay=[0.1]), TypeError, "weight_decay", "[0.1]"),
-        Bad("non-Parameter params", lambda ps: ms_optim.nn.ASGD(["w", "b"]), TypeError, "params", "'w'"),
-        Bad("params mixing Parameters and dicts", lambda ps: ms_optim.nn.ASGD([ps[0], {"params": ps[1:]}]),
-            TypeError, "params", "Parameter"),
-        Bad("learning_rate is an object", asgd(learning_rate=object()), TypeError, "learning_rate", "object"),
-        Bad("negative learning_rate", asgd(learning_rate=-1), ValueError, "learning_rate", "-1"),
-        Bad("lambd = nan", asgd(lambd=NAN), ValueError, "lambd", "nan"),
-        Bad("lambd = inf", asgd(lambd=INF), ValueError, "lambd", "inf"),
-        Bad("alpha = nan", asgd(alpha=NAN), ValueError, "alpha", "nan"),
-        Bad("alpha = inf", asgd(alpha=INF), ValueError, "alpha", "inf"),
-        Bad("t0 = nan", asgd(t0=NAN), ValueError, "t0", "nan"),
-        Bad("t0 = -inf", asgd(t0=-INF), ValueError, "t0", "-inf"),
-        Bad("learning_rate = nan", asgd(learning_rate=NAN), ValueError, "learning_rate", "nan"),
-        Bad("weight_decay = nan", asgd(weight_decay=NAN), ValueError, "weight_decay", "nan"),
-        Bad("list learning_rate with inf", asgd(learning_rate=[0.1, INF]), ValueError, "learning_rate", "inf"),
-        Bad("Tensor learning_rate with a negative", asgd(learning_rate=Tensor(np.array([0.1, -1.0], np.float32))),
-            ValueError, "learning_rate", "-1.0"),
-    ]
+# ---- THOR (a factory: converts the net's layers, then builds the optimizer) -------------------------
+
+def _tensor(value) -> Tensor:
+    """thor() takes its learning rate and damping as Tensors: a number -> 0-D, a list -> 1-D (per step)."""
+    return value if isinstance(value, Tensor) else Tensor(np.asarray(value, np.float32))
+
+
+def _make_thor(net, learning_rate=0.05, weight_decay=0.0, damping=0.03, momentum=0.9, **hyper):
+    return ms_optim.nn.thor(net, _tensor(learning_rate), _tensor(damping), momentum, weight_decay, **hyper)
 
 
 OPTIMIZERS: List[OptimInfo] = [
@@ -230,7 +152,7 @@ OPTIMIZERS: List[OptimInfo] = [
         good=[{}, {"beta1": 0.5, "beta2": 0.9, "eps": 1e-8}, {"learning_rate": 1}, {"weight_decay": 0},
               {"learning_rate": Tensor(0.1)}, {"learning_rate": [0.1, 0.05]}, {"weight_decay": nn.Dense(1, 1)},
               {"learning_rate": (x / 10 for x in range(1, 4))}],  # a generator, read once
-        bad=_lamb_bad(), state_prefixes=("lamb_m.", "lamb_v."),
+        bad=lamb_bad(), state_prefixes=("lamb_m.", "lamb_v."),
         hyper={"beta1": 0.8, "beta2": 0.99, "eps": 1e-6}, reference=_ref_lamb),
     OptimInfo(
         name="LARS", cls=ms_optim.nn.LARS, mindspore_cls=nn.LARS,
@@ -239,7 +161,7 @@ OPTIMIZERS: List[OptimInfo] = [
         make=_make_lars,
         good=[{}, {"epsilon": 0.0, "coefficient": 0.01}, {"use_clip": True}, {"lars_filter": lambda p: True},
               {"learning_rate": [0.1, 0.05]}, {"momentum": 0.0}, {"coefficient": 0.0}],
-        bad=_lars_bad(), state_prefixes=("moments.",),
+        bad=lars_bad(), state_prefixes=("moments.",),
         hyper={"momentum": 0.9, "coefficient": 0.02, "epsilon": 1e-5}, reference=_ref_lars,
         centralization=False),  # the wrapped nn.Momentum centralizes with a primitive CPU lacks
     OptimInfo(
@@ -249,15 +171,37 @@ OPTIMIZERS: List[OptimInfo] = [
         make=_make_asgd,
         good=[{}, {"lambd": 0.0, "alpha": 0.0, "t0": -1.0}, {"learning_rate": 0}, {"weight_decay": 1},
               {"learning_rate": Tensor([0.1, 0.2])}, {"t0": INF}],  # t0 = inf: never average
-        bad=_asgd_bad(), state_prefixes=("ax_.", "mu_", "eta_"),
+        bad=asgd_bad(), state_prefixes=("ax_.", "mu_", "eta_"),
         hyper={"lambd": 0.05, "alpha": 0.75, "t0": 2.0}, reference=_ref_asgd),
+    OptimInfo(
+        name="thor", cls=ms_optim.nn.thor, mindspore_cls=nn.thor,
+        signature=[("net", EMPTY), ("learning_rate", EMPTY), ("damping", EMPTY), ("momentum", EMPTY),
+                   ("weight_decay", 0.0), ("loss_scale", 1.0), ("batch_size", 32), ("use_nesterov", False),
+                   ("decay_filter", lambda x: True), ("split_indices", None), ("enable_clip_grad", False),
+                   ("frequency", 100)],
+        make=_make_thor,
+        good=[{}, {"learning_rate": Tensor(np.array([0.1, 0.05], np.float32))}, {"damping": Tensor(0.01)},
+              {"weight_decay": 1, "loss_scale": 128, "batch_size": 8.0}, {"use_nesterov": True},
+              {"decay_filter": lambda p: "bias" not in p.name}, {"split_indices": [0]}, {"enable_clip_grad": True},
+              {"frequency": 2}, {"inverse": "full"}, {"block_size": 4}, {"kl_clip": 0.01},
+              {"factor_convention": "kfc"}, {"trace_thresholds": (0.5, 0.2)}],
+        bad=thor_bad(), state_prefixes=("moments.",),
+        # frequency 2: THOR steps (new factors and inverses) at steps 0, 2, 4, ...; the steps between use them
+        hyper={"damping": 0.03, "momentum": 0.9, "frequency": 2, "batch_size": 8},
+        takes_params=False,
+        extensions=("inverse", "block_size", "kl_clip", "factor_convention", "distribute_inverses",
+                    "trace_thresholds")),
 ]
+PARAM_OPTIMIZERS = [info for info in OPTIMIZERS if info.takes_params]  # the first-order ones
 
 BY_NAME = {info.name: info for info in OPTIMIZERS}
 
 
-def mindspore_signature(cls: type) -> List[Tuple[str, Any]]:
-    """The signature MindSpore's decorators hide: the ``<Class>.__init__`` function they wrap, minus ``self``."""
+def mindspore_signature(cls) -> List[Tuple[str, Any]]:
+    """MindSpore's documented signature: a function's own (``nn.thor``), or for a class the one its
+    decorators hide: the ``<Class>.__init__`` function they wrap, minus ``self``."""
+    if inspect.isfunction(cls):
+        return [(p.name, p.default) for p in inspect.signature(cls).parameters.values()]
     todo, seen = [cls.__init__], set()
     while todo:
         fn = todo.pop()
