@@ -7,8 +7,8 @@ True)`` on CPU up front. Under ``use()``:
 * every path a script reaches the class by (``mindspore.nn``, ``mindspore.nn.wrap``,
   ``mindspore.nn.wrap.loss_scale``) and ``build_train_network`` (``mindspore.amp``, ``mindspore.train``,
   ``mindspore.train.amp``, what ``Model`` calls) are ms_optim's; undo puts MindSpore's objects back;
-* subclasses written as the zoo writes them (``tests/support/loss_scale_cells.py``) train: a clean step equals a
-  float64 NumPy step of the clipped gradient (Momentum, Adam, ms_optim's Lamb); an overflowing step
+* subclasses written as the zoo writes them (``tests/support/loss_scale_cells.py``) train: a clean step
+  equals a float64 NumPy step of the clipped gradient (Momentum, Adam, ms_optim's Lamb); an overflowing step
   leaves the parameters and every optimizer state Parameter untouched and halves the scale;
 * ``Model`` with both managers builds the portable cell and skips an overflowing batch.
 The data-parallel version (2 msrun ranks) is tests/distributed/test_loss_scale_parallel.py.

@@ -15,7 +15,8 @@ pytestmark = pytest.mark.bench
 
 
 def test_bench_memory_quick_writes_results(tmp_path):
-    cmd = [sys.executable, os.path.join(REPO, "benchmarks", "bench_memory.py"), "--quick", "--out", str(tmp_path)]
+    cmd = [sys.executable, os.path.join(REPO, "benchmarks", "bench_memory.py"), "--quick",
+           "--out", str(tmp_path)]
     run = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
     result = json.loads((tmp_path / "bench_memory_quick.json").read_text())

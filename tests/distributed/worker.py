@@ -89,7 +89,7 @@ class ConvFcNet(nn.Cell):
 
 
 def _ids_net():
-    from support.nets import EmbedNet as IdsNet  # Embedding(12, 6) x 3 tokens -> Dense -> LayerNorm -> Dense(4)
+    from support.nets import EmbedNet as IdsNet  # Embedding(12, 6) x 3 ids -> Dense -> LayerNorm -> Dense(4)
 
     return IdsNet()
 

@@ -7,4 +7,3 @@ by name); the scripts the tests run as subprocesses do the same. Test modules im
 import os
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the checkout's root
-TESTS = os.path.join(REPO, "tests")

@@ -48,6 +48,6 @@ def thor_mlp(frequency=4, seed=0, **kwargs):
     ms.set_seed(seed)
     net = SmallMLP()
     steps = 64
-    opt = thor(net, Tensor(np.full((steps,), 0.05, np.float32)), Tensor(np.full((steps,), 0.03, np.float32)), 0.9,
-               weight_decay=1e-4, batch_size=BATCH, frequency=frequency, **kwargs)
+    lr, damping = Tensor(np.full((steps,), 0.05, np.float32)), Tensor(np.full((steps,), 0.03, np.float32))
+    opt = thor(net, lr, damping, 0.9, weight_decay=1e-4, batch_size=BATCH, frequency=frequency, **kwargs)
     return net, opt

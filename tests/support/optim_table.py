@@ -37,7 +37,7 @@ def _lars_filter_default(param: Parameter) -> bool:
 
 
 def two_params() -> List[Parameter]:
-    """What the first-order optimizers' good and bad argument sets are built on: ``w`` (2, 3) and ``b`` (3,)."""
+    """What the first-order optimizers' argument sets are built on: ``w`` (2, 3) and ``b`` (3,)."""
     return [Parameter(Tensor(np.ones((2, 3), np.float32)), name="w"),
             Parameter(Tensor(np.ones(3, np.float32)), name="b")]
 
@@ -182,8 +182,8 @@ OPTIMIZERS: List[OptimInfo] = [
         make=_make_thor,
         good=[{}, {"learning_rate": Tensor(np.array([0.1, 0.05], np.float32))}, {"damping": Tensor(0.01)},
               {"weight_decay": 1, "loss_scale": 128, "batch_size": 8.0}, {"use_nesterov": True},
-              {"decay_filter": lambda p: "bias" not in p.name}, {"split_indices": [0]}, {"enable_clip_grad": True},
-              {"frequency": 2}, {"inverse": "full"}, {"block_size": 4}, {"kl_clip": 0.01},
+              {"decay_filter": lambda p: "bias" not in p.name}, {"split_indices": [0]},
+              {"enable_clip_grad": True}, {"frequency": 2}, {"inverse": "full"}, {"block_size": 4}, {"kl_clip": 0.01},
               {"factor_convention": "kfc"}, {"trace_thresholds": (0.5, 0.2)}],
         bad=thor_bad(), state_prefixes=("moments.",),
         # frequency 2: THOR steps (new factors and inverses) at steps 0, 2, 4, ...; the steps between use them

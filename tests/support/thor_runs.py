@@ -37,7 +37,8 @@ def compare(net, ref, step) -> None:
     got = param_values(net)
     assert set(got) == set(ref.params)
     for name, want in ref.params.items():
-        np.testing.assert_allclose(got[name], want, rtol=RTOL, atol=ATOL, err_msg=f"parameter {name} after step {step}")
+        np.testing.assert_allclose(got[name], want, rtol=RTOL, atol=ATOL,
+                                   err_msg=f"parameter {name} after step {step}")
 
 
 def run_against_oracle(net, ref, cell, batches) -> None:
@@ -45,14 +46,15 @@ def run_against_oracle(net, ref, cell, batches) -> None:
     for step, (x, y) in enumerate(batches):
         loss = cell(Tensor(x), Tensor(y))
         ref.step(x, y)
-        np.testing.assert_allclose(float(loss.asnumpy()), ref.losses[-1], rtol=RTOL, err_msg=f"loss at step {step}")
+        np.testing.assert_allclose(float(loss.asnumpy()), ref.losses[-1], rtol=RTOL,
+                                   err_msg=f"loss at step {step}")
         compare(net, ref, step)
 
 
 def mlp_batches(rng, steps, batch=16, n_in=20, classes=10) -> List[Tuple[np.ndarray, np.ndarray]]:
     """``steps`` (x, labels) batches for ``MLP(n_in, ., classes)``."""
-    return [(rng.standard_normal((batch, n_in)).astype(np.float32), rng.integers(0, classes, batch).astype(np.int32))
-            for _ in range(steps)]
+    return [(rng.standard_normal((batch, n_in)).astype(np.float32),
+             rng.integers(0, classes, batch).astype(np.int32)) for _ in range(steps)]
 
 
 def net_batches(rng, data: str, steps: int, batch: int = 8) -> List[Tuple[np.ndarray, np.ndarray]]:
@@ -62,8 +64,8 @@ def net_batches(rng, data: str, steps: int, batch: int = 8) -> List[Tuple[np.nda
         return [(rng.standard_normal((batch, 3, 9, 9)).astype(np.float32),
                  rng.integers(0, 5, batch).astype(np.int32)) for _ in range(steps)]
     if data == "vectors":
-        return [(rng.standard_normal((batch, 6)).astype(np.float32), rng.integers(0, 2, batch).astype(np.int32))
-                for _ in range(steps)]
+        return [(rng.standard_normal((batch, 6)).astype(np.float32),
+                 rng.integers(0, 2, batch).astype(np.int32)) for _ in range(steps)]
     return [(rng.integers(0, 12, (batch, 3)).astype(np.int32), rng.integers(0, 4, batch).astype(np.int32))
             for _ in range(steps)]
 

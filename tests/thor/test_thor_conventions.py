@@ -78,8 +78,9 @@ def test_convention_matches_mindspore_oracle(mode, rng, case, convention):
     scale, wd = spec.get("loss_scale", 1.0), spec.get("weight_decay", 0.0)
     model = spec["ref"]()
     has_conv = any(kind == "conv" for _, kind in model.layers)
-    ref = ThorReference(model, param_values(net), lr, damping, 0.9, weight_decay=wd, batch_size=bs, frequency=freq,
-                        layernorm=spec["layernorm"], inverses=oracle.reference_inverses(convention, bs, has_conv))
+    ref = ThorReference(model, param_values(net), lr, damping, 0.9, weight_decay=wd, batch_size=bs,
+                        frequency=freq, layernorm=spec["layernorm"],
+                        inverses=oracle.reference_inverses(convention, bs, has_conv))
     opt = thor(net, Tensor(lr), Tensor(damping), 0.9, weight_decay=wd, loss_scale=scale, batch_size=bs,
                frequency=freq, factor_convention=convention)
     assert opt.factor_convention == convention

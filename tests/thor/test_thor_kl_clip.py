@@ -24,8 +24,8 @@ def test_mlp_kl_clip_matches_reference(mode, rng, kl_clip, active):
     net = MLP()
     init_params(net, rng)
     lr, damping = schedules(STEPS)
-    ref = ThorReference(MLPRef(), param_values(net), lr, damping, 0.9, batch_size=16, frequency=3, weight_decay=0.01,
-                        enable_clip_grad=True, kl_clip=kl_clip)
+    ref = ThorReference(MLPRef(), param_values(net), lr, damping, 0.9, batch_size=16, frequency=3,
+                        weight_decay=0.01, enable_clip_grad=True, kl_clip=kl_clip)
     opt = thor(net, Tensor(lr), Tensor(damping), 0.9, weight_decay=0.01, batch_size=16, frequency=3,
                enable_clip_grad=True, kl_clip=kl_clip)
     assert opt.kl_clip == kl_clip
@@ -57,8 +57,8 @@ def test_conv_kl_clip_matches_reference(mode, rng):
     net = ConvNet(dilation=2)
     init_params(net, rng)
     lr, damping = schedules(4)
-    ref = ThorReference(ConvRef((3, 2), 2, 2, 1), param_values(net), lr, damping, 0.9, batch_size=8, frequency=3,
-                        kl_clip=1e-4)
+    ref = ThorReference(ConvRef((3, 2), 2, 2, 1), param_values(net), lr, damping, 0.9, batch_size=8,
+                        frequency=3, kl_clip=1e-4)
     opt = thor(net, Tensor(lr), Tensor(damping), 0.9, batch_size=8, frequency=3, kl_clip=1e-4)
     batches = [(rng.standard_normal((8, 3, 9, 9)).astype(np.float32), rng.integers(0, 5, 8).astype(np.int32))
                for _ in range(4)]

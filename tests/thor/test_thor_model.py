@@ -27,6 +27,11 @@ if REPO not in sys.path:  # model_zoo importable
 pytestmark = pytest.mark.core  # selected by CI's version leg on the oldest MindSpore (.ci/run)
 
 
+def _f32(net):
+    """The trainable parameters as float32 copies (runs of MindSpore compared with each other)."""
+    return param_values(net, np.float32)
+
+
 def _momentum_model(seed=0, **kwargs):
     ms.set_seed(seed)
     net = SmallMLP()
@@ -66,7 +71,7 @@ def _stream_reference(x, y, n_steps, seed=0):
     for s in range(n_steps):
         b = s % n_batches
         losses.append(float(step(Tensor(x[b * BATCH:(b + 1) * BATCH]), Tensor(y[b * BATCH:(b + 1) * BATCH])).asnumpy()))
-        history.append(param_values(net, np.float32))
+        history.append(_f32(net))
     return history, losses
 
 
@@ -83,7 +88,7 @@ def test_sink_loop_equals_step_loop_and_callback_semantics(mode):
     assert [s[:4] for s in rec.steps] == [(e, 3 * e, 3, True) for e in (1, 2, 3, 4)]
     np.testing.assert_allclose([s[4] for s in rec.steps], [ref_losses[3 * e - 1] for e in (1, 2, 3, 4)], rtol=1e-5)
     assert rec.epochs == [1, 2, 3, 4]
-    for name, value in param_values(net, np.float32).items():
+    for name, value in _f32(net).items():
         np.testing.assert_allclose(value, ref_params[11][name], rtol=1e-5, atol=1e-7, err_msg=name)
 
 
@@ -95,7 +100,7 @@ def test_sink_whole_dataset_equals_non_sink():
         net, model = _momentum_model()
         rec = _Recorder()
         model.train(2, sample_dataset(x, y), callbacks=[rec], dataset_sink_mode=sink)  # sink_size -1
-        results[sink] = (param_values(net, np.float32), rec)
+        results[sink] = (_f32(net), rec)
     sink_rec, step_rec = results[True][1], results[False][1]
     assert [s[:4] for s in sink_rec.steps] == [(1, 5, 5, True), (2, 10, 5, True)]
     assert [s[:4] for s in step_rec.steps] == [(1 + i // 5, i + 1, 5, False) for i in range(10)]
@@ -126,11 +131,11 @@ def test_initial_epoch_early_stop_and_builtin_callbacks(tmp_path, capsys):
     files = sorted(f for f in os.listdir(tmp_path) if f.endswith(".ckpt"))
     assert files == ["thor-2_2.ckpt", "thor-3_2.ckpt"]
     saved = ms.load_checkpoint(str(tmp_path / "thor-3_2.ckpt"))
-    for name, value in param_values(net, np.float32).items():
+    for name, value in _f32(net).items():
         np.testing.assert_array_equal(saved[name].asnumpy(), value, err_msg=name)
     # four steps were trained, identical to four plain steps
     ref_params, _ = _stream_reference(x, y, 4)
-    for name, value in param_values(net, np.float32).items():
+    for name, value in _f32(net).items():
         np.testing.assert_allclose(value, ref_params[3][name], rtol=1e-5, atol=1e-7, err_msg=name)
 
 
@@ -158,20 +163,20 @@ def test_fixed_loss_scale_is_sens_and_dynamic_loss_scale_runs_on_cpu():
     assert isinstance(model_b.train_network, nn.TrainOneStepCell)
     assert float(model_b.train_network.sens) == 128.0
     model_b.train(1, sample_dataset(x, y), dataset_sink_mode=True)
-    for name, value in param_values(net_a, np.float32).items():
-        np.testing.assert_allclose(param_values(net_b, np.float32)[name], value, rtol=1e-5, atol=1e-7, err_msg=name)
+    for name, value in _f32(net_a).items():
+        np.testing.assert_allclose(_f32(net_b)[name], value, rtol=1e-5, atol=1e-7, err_msg=name)
 
     manager = ms.DynamicLossScaleManager(init_loss_scale=2.0 ** 10, scale_factor=2, scale_window=1000)
     net_c, model_c = _momentum_model(loss_scale_manager=manager)
     model_c.train(1, sample_dataset(x, y), dataset_sink_mode=True)
-    for name, value in param_values(net_a, np.float32).items():  # unscaled before the optimizer: same as no scaling
-        np.testing.assert_allclose(param_values(net_c, np.float32)[name], value, rtol=1e-4, atol=1e-6, err_msg=name)
-    before = param_values(net_c, np.float32)
+    for name, value in _f32(net_a).items():  # unscaled before the optimizer: as no scaling
+        np.testing.assert_allclose(_f32(net_c)[name], value, rtol=1e-4, atol=1e-6, err_msg=name)
+    before = _f32(net_c)
     x_bad = x.copy()
     x_bad[:] = np.inf
     model_c.train(1, sample_dataset(x_bad, y), dataset_sink_mode=True, sink_size=1)
     for name, value in before.items():
-        np.testing.assert_array_equal(param_values(net_c, np.float32)[name], value, err_msg=name)
+        np.testing.assert_array_equal(_f32(net_c)[name], value, err_msg=name)
     assert float(model_c.train_network.scale_sense.asnumpy()) == 2.0 ** 9
 
 
@@ -193,7 +198,8 @@ def test_convert_returns_model_unchanged_for_other_optimizers():
     opt = nn.Momentum(net.trainable_params(), 0.1, 0.9)
     model = Model(net, ce_loss(), opt)
     assert ConvertModelUtils.convert_to_thor_model(model, net, ce_loss(), opt) is model
-    assert ConvertModelUtils().convert_to_thor_model(model, network=net, loss_fn=ce_loss(), optimizer=opt) is model
+    assert ConvertModelUtils().convert_to_thor_model(model, network=net, loss_fn=ce_loss(),
+                                                     optimizer=opt) is model
     assert ConvertModelUtils.convert_to_thor_model(model, net) is model
 
 
@@ -233,14 +239,15 @@ def test_thor_schedule_in_sink_loop_with_unaligned_sink_size(mode):
             seen.append((run_context.original_args().cur_step_num, net.fc1.matrix_a_cov.asnumpy().copy(),
                          int(opt.global_step.asnumpy().reshape(-1)[0])))
 
-    model = ConvertModelUtils.convert_to_thor_model(Model(net, ce_loss(), opt), net, loss_fn=ce_loss(), optimizer=opt)
+    model = ConvertModelUtils.convert_to_thor_model(Model(net, ce_loss(), opt), net, loss_fn=ce_loss(),
+                                                    optimizer=opt)
     assert isinstance(model, ModelThor) and model.frequency == 4
     model.train(4, sample_dataset(x, y), callbacks=[_Spy()], dataset_sink_mode=True, sink_size=3)
     assert [s[0] for s in seen] == [3, 6, 9, 12] and [s[2] for s in seen] == [3, 6, 9, 12]
     for (_, a_cov, _), last_thor_step in zip(seen, (0, 4, 8, 8)):
         np.testing.assert_allclose(a_cov, _batch_a(x, last_thor_step), rtol=1e-5, atol=1e-6)
-    for name, value in param_values(ref_net, np.float32).items():
-        np.testing.assert_allclose(param_values(net, np.float32)[name], value, rtol=1e-5, atol=1e-7, err_msg=name)
+    for name, value in _f32(ref_net).items():
+        np.testing.assert_allclose(_f32(net)[name], value, rtol=1e-5, atol=1e-7, err_msg=name)
 
 
 def test_thor_sink_equals_non_sink():
@@ -249,11 +256,12 @@ def test_thor_sink_equals_non_sink():
     finals = []
     for sink, sink_size, epochs in ((False, -1, 2), (True, 2, 5), (True, -1, 2)):
         net, opt = thor_mlp(frequency=3)
-        model = ConvertModelUtils.convert_to_thor_model(None, net, loss_fn=ce_loss(), optimizer=opt, metrics={"acc"})
+        model = ConvertModelUtils.convert_to_thor_model(None, net, loss_fn=ce_loss(), optimizer=opt,
+                                                        metrics={"acc"})
         model.train(epochs, sample_dataset(x, y), dataset_sink_mode=sink, sink_size=sink_size)
         assert int(opt.global_step.asnumpy().reshape(-1)[0]) == 10
         np.testing.assert_allclose(net.fc1.matrix_a_cov.asnumpy(), _batch_a(x, 9), rtol=1e-5, atol=1e-6)
-        finals.append(param_values(net, np.float32))
+        finals.append(_f32(net))
         assert 0.0 <= model.eval(sample_dataset(x, y))["acc"] <= 1.0
     for other in finals[1:]:
         for name, value in finals[0].items():
@@ -350,8 +358,8 @@ def test_thor_dynamic_loss_scale_equals_unscaled(mode):
     # G of the last THOR step (4) was stored under scale 4096
     np.testing.assert_allclose(net_b.fc2.matrix_g_cov.asnumpy() / 2.0 ** 24, net_a.fc2.matrix_g_cov.asnumpy(),
                                rtol=1e-4, atol=1e-12)
-    for name, value in param_values(net_a, np.float32).items():
-        np.testing.assert_allclose(param_values(net_b, np.float32)[name], value, rtol=1e-4, atol=1e-7, err_msg=name)
+    for name, value in _f32(net_a).items():
+        np.testing.assert_allclose(_f32(net_b)[name], value, rtol=1e-4, atol=1e-7, err_msg=name)
     for inv_a, inv_b in zip(list(opt_a.matrix_a_inv) + list(opt_a.matrix_g_inv),
                             list(opt_b.matrix_a_inv) + list(opt_b.matrix_g_inv)):
         np.testing.assert_allclose(inv_b.asnumpy(), inv_a.asnumpy(), rtol=1e-4, atol=1e-7, err_msg=inv_a.name)

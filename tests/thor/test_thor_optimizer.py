@@ -49,8 +49,8 @@ def test_mlp_matches_reference(mode, path, rng, case):
     net = MLP()
     init_params(net, rng)
     lr, damping = schedules(steps)
-    ref = ThorReference(MLPRef(), param_values(net), lr, damping, 0.9, batch_size=16, frequency=spec["frequency"],
-                        **spec["ref"])
+    ref = ThorReference(MLPRef(), param_values(net), lr, damping, 0.9, batch_size=16,
+                        frequency=spec["frequency"], **spec["ref"])
     opt = thor(net, Tensor(lr), Tensor(damping), 0.9, batch_size=16, frequency=spec["frequency"], **spec["kwargs"])
     assert opt.get_frequency() == spec["frequency"]
     layouts = [(lay.nblocks, lay.bs) for lay in opt.a_layouts + opt.g_layouts]

@@ -98,13 +98,13 @@ def test_one_device_true_equals_false_exactly(mode, rng, kind):
         net = MLP() if kind == "mlp" else EmbedNet()
         init_params(net, np.random.default_rng(3))
         if kind == "mlp":
-            ref = ThorReference(MLPRef(), param_values(net), lr, damping, 0.9, batch_size=16, frequency=frequency,
-                                weight_decay=0.01)
+            ref = ThorReference(MLPRef(), param_values(net), lr, damping, 0.9, batch_size=16,
+                                frequency=frequency, weight_decay=0.01)
             opt = thor(net, Tensor(lr), Tensor(damping), 0.9, weight_decay=0.01, batch_size=16, frequency=frequency,
                        distribute_inverses=distribute)
         else:
-            ref = ThorReference(EmbedRef(1e-7), param_values(net), lr, damping, 0.9, batch_size=8, frequency=frequency,
-                                layernorm=("ln",))
+            ref = ThorReference(EmbedRef(1e-7), param_values(net), lr, damping, 0.9, batch_size=8,
+                                frequency=frequency, layernorm=("ln",))
             opt = thor(net, Tensor(lr), Tensor(damping), 0.9, batch_size=8, frequency=frequency,
                        distribute_inverses=distribute)
         run_against_oracle(net, ref, train_cell(net, opt), batches)

@@ -212,7 +212,8 @@ def test_model_and_model_thor_make_the_same_decisions(rng):
             {k: want[k] for k in ("since", "interval", "inversions")}, label
         np.testing.assert_allclose(got["last"], want["last"], rtol=1e-5, err_msg=label)
         for name, value in param_values(ref_net).items():
-            np.testing.assert_allclose(param_values(net)[name], value, rtol=1e-5, atol=1e-7, err_msg=f"{label}: {name}")
+            np.testing.assert_allclose(param_values(net)[name], value, rtol=1e-5, atol=1e-7,
+                                       err_msg=f"{label}: {name}")
 
 
 # ----------------------------------------------------------------------------------- validation
