@@ -1,4 +1,4 @@
-"""Loss-scaled training of unmodified MindSpore code on CPU under ``ms_optim.use()`` (issue 22, item 1).
+"""Loss-scaled training of unmodified MindSpore code on CPU under ``ms_optim.use()``.
 
 MindSpore 2.10's ``nn.TrainOneStepWithLossScaleCell`` fails on CPU at its first step (an Ascend-only
 status op), and ``Model`` refuses ``DynamicLossScaleManager``/``FixedLossScaleManager(drop_overflow_update=

@@ -1,4 +1,4 @@
-"""Zoo-style loss-scale cells under ``ms_optim.use()`` on 2 CPU ranks through ``msrun`` (issue 22, item 1).
+"""Zoo-style loss-scale cells under ``ms_optim.use()`` on 2 CPU ranks through ``msrun``.
 
 ``loss_scale_worker.py`` trains 3 steps; step 2 has an inf only in rank 1's half of the batch. Both
 ranks must report the overflow (all-reduced), skip that step (same parameters and optimizer state as

@@ -1,4 +1,4 @@
-"""``thor()`` accepts what MindSpore's thor accepts and trains with (issue 22, item 2).
+"""``thor()`` accepts what MindSpore's thor accepts and trains with.
 
 * ``split_indices`` is read only in data-parallel training (MindSpore's too): on one device a script's
   hard-coded ResNet-50 ``[26, 53]`` (or any list of ints) is accepted and changes nothing, bit for bit.

@@ -1,4 +1,4 @@
-"""A THOR step past the end of its per-step ``learning_rate``/``damping`` changes nothing (issue 22, 3d).
+"""A THOR step past the end of its per-step ``learning_rate``/``damping`` changes nothing.
 
 The optimizer refuses such a step with a clear error, but it runs after the backward pass, in which the
 layers' taps write ``matrix_a_cov``/``matrix_g_cov`` on a THOR step. GRAPH mode refuses the whole graph;
