@@ -5,7 +5,7 @@ import sys
 import numpy as np
 import pytest
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # tests/reference importable as `reference`
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # tests/: `reference` and `support` importable
 
 import mindspore as ms  # noqa: E402
 
@@ -35,6 +35,6 @@ def rng():
 @pytest.fixture(params=["fused", "composite"])
 def path(request, monkeypatch):
     """Run the test with the fused CPU kernels (ms_optim.optim._fused) and with the composite ops
-    (used by test_lamb.py and test_lars.py; tests/_fused_paths.py holds their shared checks)."""
+    (used by test_lamb.py and test_lars.py; tests/support/fused_paths.py holds their shared checks)."""
     monkeypatch.setenv("MS_OPTIM_FUSED", "1" if request.param == "fused" else "0")
     return request.param

@@ -16,6 +16,8 @@ from mindspore import Tensor, nn
 
 import ms_optim
 
+pytestmark = [pytest.mark.core, pytest.mark.numeric]  # selected by CI's version legs (.ci/run)
+
 
 def _net(seed):
     ms.set_seed(seed)

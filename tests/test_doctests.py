@@ -14,6 +14,8 @@ from typing import List, Tuple, Union
 
 import pytest
 
+pytestmark = [pytest.mark.core, pytest.mark.numeric]  # selected by CI's version legs (.ci/run)
+
 FACADES = ("ms_optim.nn", "ms_optim.train_thor", "ms_optim")  # most specific first: names as users write them
 FLAGS = doctest.ELLIPSIS | doctest.NORMALIZE_WHITESPACE
 

@@ -23,6 +23,7 @@ import pytest
 from mindspore import Tensor, ops
 from mindspore import nn as ms_nn
 from mindspore.train import Metric, Model
+from support.params import param_values
 
 import ms_optim
 from ms_optim import nn
@@ -85,12 +86,8 @@ def _thor(net, steps=4, frequency=2, **kwargs):
                    batch_size=BATCH, **kwargs)
 
 
-def _params(net):
-    return {p.name: p.asnumpy().copy() for p in net.trainable_params()}
-
-
 def _assert_trained(net, before):
-    after = _params(net)
+    after = param_values(net, np.float32)
     assert set(after) == set(before)
     for name, value in after.items():
         assert np.all(np.isfinite(value)), f"{name} is not finite"
@@ -98,7 +95,7 @@ def _assert_trained(net, before):
 
 
 def _train_thor_model(make_model, net, steps=4, sink=True, image=False, epochs=1):
-    before = _params(net)
+    before = param_values(net, np.float32)
     model = make_model()
     assert type(model).__module__ == "ms_optim._thor.model"
     model.train(epochs, _dataset(steps, image=image), dataset_sink_mode=sink, sink_size=steps if sink else -1)
@@ -139,7 +136,7 @@ def test_top_level_names():
                  lambda p: ms_optim.LARS(ms_nn.Momentum(p, 0.05, 0.9), epsilon=0.0, coefficient=0.001),
                  lambda p: ms_optim.ASGD(p, learning_rate=0.05)):
         net = MLP()
-        before = _params(net)
+        before = param_values(net, np.float32)
         Model(net, loss, make(net.trainable_params())).train(1, _dataset(2), dataset_sink_mode=False)
         _assert_trained(net, before)
 

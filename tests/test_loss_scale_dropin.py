@@ -7,8 +7,8 @@ True)`` on CPU up front. Under ``use()``:
 * every path a script reaches the class by (``mindspore.nn``, ``mindspore.nn.wrap``,
   ``mindspore.nn.wrap.loss_scale``) and ``build_train_network`` (``mindspore.amp``, ``mindspore.train``,
   ``mindspore.train.amp``, what ``Model`` calls) are ms_optim's; undo puts MindSpore's objects back;
-* subclasses written as the zoo writes them (``tests/loss_scale_cells.py``) train: a clean step equals a
-  float64 NumPy step of the clipped gradient (Momentum, Adam, ms_optim's Lamb); an overflowing step
+* subclasses written as the zoo writes them (``tests/support/loss_scale_cells.py``) train: a clean step
+  equals a float64 NumPy step of the clipped gradient (Momentum, Adam, ms_optim's Lamb); an overflowing step
   leaves the parameters and every optimizer state Parameter untouched and halves the scale;
 * ``Model`` with both managers builds the portable cell and skips an overflowing batch.
 The data-parallel version (2 msrun ranks) is tests/distributed/test_loss_scale_parallel.py.
@@ -22,9 +22,9 @@ import mindspore.train as ms_train
 import mindspore.train.amp as ms_train_amp
 import numpy as np
 import pytest
-from loss_scale_cells import CLIP_GLOBAL_NORM, CLIP_NORM, zoo_cells
 from mindspore import Parameter, Tensor
 from reference.lamb_ref import LambReference
+from support.loss_scale_cells import CLIP_GLOBAL_NORM, CLIP_NORM, zoo_cells
 
 import ms_optim
 from ms_optim.loss_scale import TrainOneStepWithLossScaleCell

@@ -11,7 +11,7 @@ import ctypes
 import mindspore as ms
 import numpy as np
 from mindspore import Tensor, nn
-from test_thor_model import BATCH, _data, _dataset, _loss, _thor_mlp
+from support.model_data import BATCH, ce_loss, sample_data, sample_dataset, thor_mlp
 
 import ms_optim
 from ms_optim import _memory
@@ -114,13 +114,13 @@ def test_model_thor_releases_after_compiling_in_both_loops(monkeypatch):
     calls = []
     monkeypatch.setattr(_memory, "release_freed_memory", lambda: calls.append(1) or True)
     monkeypatch.setattr(_memory, "_peak_rss_bytes", lambda: 1 << 30)  # a peak that does not move
-    x, y = _data()
+    x, y = sample_data()
     for sink in (True, False):
         calls.clear()
-        net, opt = _thor_mlp(frequency=2)
-        model = ModelThor(net, _loss(), opt)
+        net, opt = thor_mlp(frequency=2)
+        model = ModelThor(net, ce_loss(), opt)
         before = {p.name: p.asnumpy().copy() for p in net.trainable_params()}
-        model.train(2, _dataset(x, y, BATCH), dataset_sink_mode=sink)
+        model.train(2, sample_dataset(x, y, BATCH), dataset_sink_mode=sink)
         assert model._train_network._ms_optim_releases == {"train"}
         assert len(calls) == 1, sink
         assert any(not np.array_equal(p.asnumpy(), before[p.name]) for p in net.trainable_params())

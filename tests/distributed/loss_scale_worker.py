@@ -1,8 +1,8 @@
 """Worker for the data-parallel loss-scale test (2 CPU ranks under ``msrun``, or alone as the reference).
 
 Under ``ms_optim.use()``, trains ``Dense(4, 3)`` + MSELoss for 3 steps with the zoo-style subclasses of
-``mindspore.nn.TrainOneStepWithLossScaleCell`` (``tests/loss_scale_cells.py``: ``bert`` with MindSpore's
-Momentum, ``global_norm`` with ms_optim's Lamb) and a DynamicLossScaleManager, in GRAPH and PYNATIVE
+``mindspore.nn.TrainOneStepWithLossScaleCell`` (``tests/support/loss_scale_cells.py``: ``bert`` with
+MindSpore's Momentum, ``global_norm`` with ms_optim's Lamb) and a DynamicLossScaleManager, in GRAPH and PYNATIVE
 mode. Step 2's global batch has an inf in the half that rank 1 gets, so only rank 1 sees it locally: the
 overflow must be all-reduced and both ranks skip the step. Under ``msrun`` each rank takes its half
 (data parallel, ``gradients_mean=True``); alone (``--single``) the process takes the whole batch.
@@ -22,7 +22,7 @@ import numpy as np
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
 sys.path.insert(0, ROOT)
-sys.path.insert(0, os.path.dirname(HERE))  # tests/: loss_scale_cells
+sys.path.insert(0, os.path.dirname(HERE))  # tests/: support
 
 import mindspore as ms  # noqa: E402
 from mindspore import Tensor, nn  # noqa: E402
@@ -46,7 +46,7 @@ def batches():
 
 
 def build(kind: str):
-    from loss_scale_cells import zoo_cells
+    from support.loss_scale_cells import zoo_cells
 
     ms.set_seed(0)
     rng = np.random.default_rng(5)

@@ -20,12 +20,12 @@ and equal the float64 oracle of that rule (``reference.thor_ranks.ShardedModel``
 ``reference.thor_conventions``), step by step in loss and at the end in every parameter and inverse.
 """
 import os
-import socket
 import subprocess
 import sys
 
 import numpy as np
 import pytest
+from support.msrun import free_port, tail
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
@@ -41,20 +41,6 @@ META = ("__losses__", "__owners__", "__costs__", "__sharing_fusion__")
 pytestmark = [pytest.mark.distributed, pytest.mark.slow]
 
 
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _tail(path: str, n: int = 40) -> str:
-    try:
-        with open(path, encoding="utf-8", errors="replace") as f:
-            return "".join(f.readlines()[-n:])
-    except OSError:
-        return ""
-
-
 @pytest.fixture(scope="module")
 def results(tmp_path_factory):
     out = tmp_path_factory.mktemp("dp")
@@ -63,10 +49,10 @@ def results(tmp_path_factory):
                             capture_output=True, text=True, timeout=300)
     assert single.returncode == 0, single.stdout[-3000:] + single.stderr[-3000:]
     cmd = ["msrun", "--worker_num=2", "--local_worker_num=2", "--master_addr=127.0.0.1",
-           f"--master_port={_free_port()}", "--join=True", f"--log_dir={logs}",
+           f"--master_port={free_port()}", "--join=True", f"--log_dir={logs}",
            WORKER, "--out", str(out), "--optimizer", OPTIMIZER]
     run = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
-    worker_logs = "\n".join(_tail(str(logs / f"worker_{r}.log")) for r in range(2))
+    worker_logs = "\n".join(tail(str(logs / f"worker_{r}.log")) for r in range(2))
     assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-2000:] + worker_logs
     return out
 

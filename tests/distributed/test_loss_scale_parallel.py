@@ -12,7 +12,7 @@ import sys
 
 import numpy as np
 import pytest
-from test_data_parallel import _free_port, _tail
+from support.msrun import free_port, tail
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 WORKER = os.path.join(HERE, "loss_scale_worker.py")
@@ -29,9 +29,9 @@ def results(tmp_path_factory):
                             capture_output=True, text=True, timeout=300)
     assert single.returncode == 0, single.stdout[-3000:] + single.stderr[-3000:]
     cmd = ["msrun", "--worker_num=2", "--local_worker_num=2", "--master_addr=127.0.0.1",
-           f"--master_port={_free_port()}", "--join=True", f"--log_dir={logs}", WORKER, "--out", str(out)]
+           f"--master_port={free_port()}", "--join=True", f"--log_dir={logs}", WORKER, "--out", str(out)]
     run = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
-    worker_logs = "\n".join(_tail(str(logs / f"worker_{r}.log")) for r in range(2))
+    worker_logs = "\n".join(tail(str(logs / f"worker_{r}.log")) for r in range(2))
     assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-2000:] + worker_logs
     return out
 

@@ -24,6 +24,7 @@ import numpy as np
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, ROOT)
+sys.path.insert(0, os.path.join(ROOT, "tests"))  # support: the tests' shared nets and helpers
 
 import mindspore as ms  # noqa: E402
 from mindspore import Tensor, nn, ops  # noqa: E402
@@ -88,7 +89,7 @@ class ConvFcNet(nn.Cell):
 
 
 def _ids_net():
-    from test_thor_optimizer import EmbedNet as IdsNet  # Embedding(12, 6) x 3 tokens -> Dense -> LayerNorm -> Dense(4)
+    from support.nets import EmbedNet as IdsNet  # Embedding(12, 6) x 3 ids -> Dense -> LayerNorm -> Dense(4)
 
     return IdsNet()
 
@@ -197,9 +198,8 @@ def device_batches(data: str, steps: int):
 
 def run_device_configs(args, rank: int, local: int) -> None:
     """Each of ``DEVICE_CONFIGS`` in both modes, with loss scale and weight decay, from well-scaled initial
-    values (``test_thor_optimizer._init_params``, the same on every rank)."""
-    sys.path.insert(0, os.path.join(ROOT, "tests"))
-    from test_thor_optimizer import _init_params
+    values (``support.thor_runs.init_params``, the same on every rank)."""
+    from support.thor_runs import init_params
 
     from ms_optim.nn import thor
 
@@ -207,7 +207,7 @@ def run_device_configs(args, rank: int, local: int) -> None:
         ms.set_context(mode=mode)
         for tag, (make, convention, trace, data) in DEVICE_CONFIGS.items():
             net = make()
-            _init_params(net, np.random.default_rng(11))
+            init_params(net, np.random.default_rng(11))
             init = {f"__init__/{p.name}": p.asnumpy().copy() for p in net.trainable_params()}  # not a view
             opt = thor(net, Tensor(np.full((64,), DEVICE_LR, np.float32)),
                        Tensor(np.full((64,), DEVICE_DAMPING, np.float32)), 0.9, weight_decay=DEVICE_WD,

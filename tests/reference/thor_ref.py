@@ -23,7 +23,7 @@ batch, T positions): Dense ``A = a^T a / N``, ``G = N d^T d``; Conv2d ``A = sum 
 oracle is the unscaled trajectory, which every loss scale must reproduce.
 
 The three test nets (``MLPRef``, ``ConvRef``, ``EmbedRef``) mirror the MindSpore nets built in
-``tests/test_thor_optimizer.py`` parameter for parameter (same names). Each also keeps, in ``raw``,
+``tests/thor/test_thor_optimizer.py`` parameter for parameter (same names). Each also keeps, in ``raw``,
 the material of every layer's factors of its last pass (``("dense", a, d)``, ``("conv", x, dout,
 conv_args)``, ``("embedding", ids, d, vocab)``), for oracles of other factor conventions
 (``reference.thor_conventions``), which ``ThorReference(..., inverses=...)`` then uses.

@@ -14,7 +14,7 @@ import os
 import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, os.path.dirname(HERE))
+sys.path.insert(0, os.path.dirname(HERE))  # tests/: reference (the oracles) and support
 sys.path.insert(0, os.path.dirname(os.path.dirname(HERE)))
 
 import mindspore as ms  # noqa: E402
@@ -22,9 +22,9 @@ import numpy as np  # noqa: E402
 from mindspore import Tensor  # noqa: E402
 from reference import thor_conventions as oracle  # noqa: E402
 from reference.thor_ref import ConvRef, EmbedRef, MLPRef, ThorReference  # noqa: E402
-from test_thor_conventions import ConvNet, _batches  # noqa: E402
-from test_thor_optimizer import EmbedNet, _init_params, _params, _train_cell  # noqa: E402
-from thor_nets import MLP  # noqa: E402
+from support.nets import MLP, ConvNet, EmbedNet  # noqa: E402
+from support.params import param_values  # noqa: E402
+from support.thor_runs import init_params, net_batches, train_cell  # noqa: E402
 
 from ms_optim._thor.factory import thor  # noqa: E402
 
@@ -41,8 +41,8 @@ def weight_name(layer: str, kind: str) -> str:
 def agreement(convention: str, net_name: str, steps: int):
     make, make_ref, data, layernorm, bs = NETS[net_name]
     net = make()
-    _init_params(net, np.random.default_rng(4))
-    start = _params(net)
+    init_params(net, np.random.default_rng(4))
+    start = param_values(net)
     model = make_ref()
     has_conv = any(kind == "conv" for _, kind in model.layers)
     ref = ThorReference(model, start, np.full(steps, LR), np.full(steps, DAMPING), 0.9, weight_decay=WD, batch_size=bs,
@@ -50,11 +50,11 @@ def agreement(convention: str, net_name: str, steps: int):
                         inverses=oracle.reference_inverses(convention, bs, has_conv))
     opt = thor(net, Tensor(np.full(steps, LR, np.float32)), Tensor(np.full(steps, DAMPING, np.float32)), 0.9,
                weight_decay=WD, loss_scale=SCALE, batch_size=bs, frequency=2, factor_convention=convention)
-    cell = _train_cell(net, opt, sens=SCALE)
-    for x, y in _batches(np.random.default_rng(5), data, steps):
+    cell = train_cell(net, opt, sens=SCALE)
+    for x, y in net_batches(np.random.default_rng(5), data, steps):
         cell(Tensor(x), Tensor(y))
         ref.step(x, y)
-    got = _params(net)
+    got = param_values(net)
     rows = []
     for layer, kind in model.layers:
         name = weight_name(layer, kind)

@@ -13,7 +13,7 @@ import subprocess
 import sys
 
 import pytest
-from zoo_data import CONFIGS, EVAL, SCRIPTS, TRAIN, write_cifar10, write_image_folder, write_rank_table
+from support.zoo_data import CONFIGS, EVAL, SCRIPTS, TRAIN, write_cifar10, write_image_folder, write_rank_table
 
 from model_zoo.resnet.src.config import SCHEMA, ConfigError, load_config
 

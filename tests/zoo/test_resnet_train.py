@@ -24,7 +24,7 @@ import sys
 
 import numpy as np
 import pytest
-from zoo_data import CONFIGS, EVAL, SCRIPTS, TRAIN, write_cifar10, write_image_folder
+from support.zoo_data import CONFIGS, EVAL, SCRIPTS, TRAIN, write_cifar10, write_image_folder
 
 TINY = ["--width=4", "--image_size=16", "--batch_size=4", "--eval_batch_size=4", "--num_parallel_workers=1",
         "--log_interval=1", "--stem=cifar", "--class_num=10"]
@@ -84,7 +84,7 @@ def _eval(config, data_path, ckpt, cwd, *extra):
 def test_published_architectures_build_and_convert():
     """Parameter counts of the real networks (torchvision's for 1000 classes) and ResNet-50's 54 THOR
     layers: thor() accepts split_indices [26, 53], and on one device also an index past the last layer
-    (MindSpore's thor reads split_indices only in data parallel; tests/test_thor_accepts.py)."""
+    (MindSpore's thor reads split_indices only in data parallel; tests/thor/test_thor_accepts.py)."""
     import mindspore as ms
     from mindspore import Tensor
 
