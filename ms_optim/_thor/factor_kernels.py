@@ -41,7 +41,7 @@ import glob
 import os
 import threading
 import warnings
-from typing import Optional, Tuple
+from typing import NamedTuple, Optional
 
 import mindspore as ms
 import numpy as np
@@ -51,13 +51,13 @@ from mindspore.ops import constexpr
 from ms_optim._thor.factors import conv_output_geometry, factor_blocks
 from ms_optim.optim import _fused
 
-__all__ = ["factor_kernels", "patch_plan_tensor", "row_plan_tensor", "count_plan_tensor"]
+__all__ = ["FactorKernels", "factor_kernels", "patch_plan_tensor", "row_plan_tensor", "count_plan_tensor"]
 
 #: Largest patch panel (float32 values) ``MsOptimPatchGram`` lays out for one product: 8 MiB.
 PANEL_FLOATS = 1 << 21
 
 _lock = threading.Lock()
-_kernels: Optional[tuple] = None
+_kernels: Optional["FactorKernels"] = None
 _unavailable: Optional[str] = None
 
 
@@ -73,16 +73,28 @@ class _InverseCustom(_fused._InplaceCustom):  # pylint: disable=protected-access
     __mindspore_signature__ = _fused._signature(5, 1)  # pylint: disable=protected-access
 
 
-def _ops(path: str) -> Tuple[ops.Custom, ...]:
-    """The ops of the library at ``path``: ``(patch_gram, row_gram, id_counts, precondition, block_inverse,
-    block_inverse_out)``."""
+class FactorKernels(NamedTuple):
+    """THOR's fused CPU ops, by name (a tuple: positions work too, and GRAPH_MODE, which cannot read a
+    named tuple's fields, gets the ops the Python side picked by name: ``taps.FactorTap.kernels``)."""
+
+    patch_gram: ops.Custom          # MsOptimPatchGram: a conv's A and G
+    row_gram: ops.Custom            # MsOptimRowGram: a Dense layer's A and G, an Embedding's G
+    id_counts: ops.Custom           # MsOptimIdCounts: an Embedding's A
+    precondition: ops.Custom        # MsOptimBlockPrecondition: G^-1 g A^-1
+    block_inverse: ops.Custom       # MsOptimBlockInverse: damped inversion in place
+    block_inverse_out: ops.Custom   # MsOptimBlockInverseOut: the same as a pure op, (inverse, ok)
+
+
+def _ops(path: str) -> FactorKernels:
+    """The ops of the library at ``path``."""
     factor_ops = tuple(_FactorCustom(f"{path}:{name}") for name in ("MsOptimPatchGram", "MsOptimRowGram",
                                                                      "MsOptimIdCounts"))
     precondition = ops.Custom(f"{path}:MsOptimBlockPrecondition", out_shape=lambda grad, g_inv, a_inv: grad,
                               out_dtype=lambda grad, g_inv, a_inv: ms.float32, func_type="aot")
-    inverse_out = ops.Custom(f"{path}:MsOptimBlockInverseOut", out_shape=lambda factor, lam, scale, plan: [factor, [1]],
+    inverse_out = ops.Custom(f"{path}:MsOptimBlockInverseOut",
+                             out_shape=lambda factor, lam, scale, plan: [factor, [1]],
                              out_dtype=lambda *dtypes: [ms.float32, ms.float32], func_type="aot")
-    return factor_ops + (precondition, _InverseCustom(f"{path}:MsOptimBlockInverse"), inverse_out)
+    return FactorKernels(*factor_ops, precondition, _InverseCustom(f"{path}:MsOptimBlockInverse"), inverse_out)
 
 
 def _onednn_sgemm() -> int:
@@ -93,7 +105,7 @@ def _onednn_sgemm() -> int:
     return ctypes.cast(ctypes.CDLL(libraries[0]).dnnl_sgemm, ctypes.c_void_p).value
 
 
-def _load() -> Optional[tuple]:
+def _load() -> Optional[FactorKernels]:
     """Build the ops once per process (None, with one warning, if they cannot be had)."""
     global _kernels, _unavailable  # pylint: disable=global-statement
     path = _fused.library_path()
@@ -111,9 +123,9 @@ def _load() -> Optional[tuple]:
     return _kernels
 
 
-def factor_kernels() -> Optional[tuple]:
-    """``(patch_gram, row_gram, id_counts, precondition, block_inverse, block_inverse_out)`` when the fused
-    switch is on and the ops can be had, else None (the taps and the inversion then use the composite ops)."""
+def factor_kernels() -> Optional[FactorKernels]:
+    """The :class:`FactorKernels` when the fused switch is on and the ops can be had, else None (the taps and
+    the inversion then use the composite ops)."""
     if not _fused.fused_switch_on():
         return None
     with _lock:

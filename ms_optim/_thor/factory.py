@@ -12,14 +12,14 @@ import warnings
 from typing import Any, Callable
 
 import numpy as np
-from mindspore import Tensor, nn
+from mindspore import Parameter, Tensor, nn
 
-from ms_optim._thor.conventions import apply_factor_convention, check_factor_convention, resolve_factor_convention
-from ms_optim._thor.convert import ConvertNetUtils, count_thor_cells, thor_candidates, thor_class_for
+from ms_optim._thor.conventions import check_factor_convention, resolve_factor_convention
+from ms_optim._thor.convert import convert_net, count_thor_cells, thor_class_for
 from ms_optim._thor.device_rules import check_distribute_inverses
 from ms_optim._thor.optimizer import ThorOptimizer
 from ms_optim._thor.parallel import data_parallel_group_size
-from ms_optim._thor.taps import ScheduleGuard, share_factor_taps
+from ms_optim._thor.taps import ScheduleGuard, TapSettings
 from ms_optim._thor.trace import check_trace_thresholds
 from ms_optim._validation import (
     check_bool,
@@ -286,25 +286,22 @@ def thor(net, learning_rate, damping, momentum, weight_decay=0.0, loss_scale=1.0
               split_indices, enable_clip_grad, frequency, inverse, block_size, kl_clip, factor_convention,
               distribute_inverses)
     thresholds = check_trace_thresholds(trace_thresholds, _NAME)  # before the net is converted
-    splits = _fusion_splits(split_indices, count_thor_cells(net))
     convention = resolve_factor_convention(factor_convention)
+    splits = _fusion_splits(split_indices, count_thor_cells(net, convention))
     check_distribute_inverses(distribute_inverses, convention, factor_convention, _NAME)  # _thor.device_rules
-    ConvertNetUtils().convert_to_thor_net(net)
-    layers = [cell for _, cell in thor_candidates(net)]  # the same rule the validation counted with
-    apply_factor_convention(layers, convention, int(batch_size))
-    for layer in layers:  # the layers store exactly the blocks the optimizer inverts
-        layer.set_factor_block_size(int(block_size) if inverse == "blocked" else None)
+    limits = [(name, value.shape[0]) for name, value in (("learning_rate", learning_rate), ("damping", damping))
+              if value.ndim == 1]
+    # PYNATIVE: a step past their end is refused before the backward pass writes the factors (and a guard
+    # an earlier thor() on this net set is dropped); it reads the optimizer's global_step, bound below
+    guard = ScheduleGuard(_NAME, Parameter(Tensor(np.zeros((1,), np.int32)), name="global_step"),
+                          limits) if limits else None
+    block = int(block_size) if inverse == "blocked" else None
+    layers = convert_net(net, TapSettings(convention, int(batch_size), block, guard))  # thor_candidates' layers
     optimizer = ThorOptimizer(net, layers, learning_rate, damping, float(momentum), float(weight_decay),
                               float(loss_scale), int(batch_size), bool(use_nesterov), decay_filter,
                               splits, bool(enable_clip_grad), int(frequency), inverse, int(block_size),
                               kl_clip=None if kl_clip is None else float(kl_clip), factor_convention=convention,
                               distribute_inverses=distribute_inverses, trace_thresholds=thresholds)
-    limits = [(name, value.shape[0]) for name, value in (("learning_rate", learning_rate), ("damping", damping))
-              if value.ndim == 1]
-    # PYNATIVE: a step past their end is refused before the backward pass writes the factors (and a guard
-    # an earlier thor() on this net set is dropped)
-    guard = ScheduleGuard(_NAME, optimizer.global_step, limits) if limits else None
-    for layer in layers:
-        layer.own_factor_tap().set_schedule_guard(guard)
-    share_factor_taps(layers)
+    if guard is not None:
+        guard.step = optimizer.global_step
     return optimizer
