@@ -45,8 +45,12 @@ batch means ``pm_t = mean_b p_{b,t}`` (the patches of ``x.mean(axis=0)``: im2col
 robustness grid of ``benchmarks/bench_thor_robust.py`` no convention dominated, and kfc had the best
 mean accuracy on the small ResNet and was within 0.5 point of the best on LeNet5 with KL clipping.
 With ``bs`` equal to the real batch, the three agree on Dense G, and gpu/ascend agree on Embedding.
-LayerNorm gamma/beta (``g / (g^2 / bs + sqrt(d))``), inverses, blocks, loss scaling and everything
-else are the same in every convention.
+The multipliers that turn ``factors.py``'s formulas into these are each kind's, in ``kinds.py``
+(``dense_scales``, ``conv_scales``, ``embedding_scales``). ``nn.Conv1d`` has no MindSpore THOR to
+match: the converter turns it into ``Conv1dThor`` under ``"kfc"`` only (a conv with T = L_out), and
+leaves it a plain, first-order layer under ``"gpu"``/``"ascend"``, as MindSpore does. LayerNorm
+gamma/beta (``g / (g^2 / bs + sqrt(d))``), inverses, blocks, loss scaling and everything else are the
+same in every convention.
 
 MindSpore's inverse rules, reproduced under "gpu"/"ascend" (``ms_optim._thor.device_rules`` and
 ``ms_optim._thor.averaging``; checked against the float64 oracle ``tests/reference/thor_conventions.py``):
@@ -85,21 +89,19 @@ Not reproduced, with the reason:
 """
 from __future__ import annotations
 
-from typing import Optional, Tuple
+from typing import Optional
 
-import mindspore.common.dtype as mstype
-from mindspore import context, nn, ops
-from mindspore.ops import constexpr
+from mindspore import context
 
+from ms_optim._thor.modes import Convention
 from ms_optim._validation import describe
 
-__all__ = ["CONVENTIONS", "check_factor_convention", "resolve_factor_convention", "FactorConvention",
-           "apply_factor_convention"]
+__all__ = ["CONVENTIONS", "check_factor_convention", "resolve_factor_convention"]
 
 #: The accepted values of ``thor(..., factor_convention=...)``.
-CONVENTIONS = ("auto", "gpu", "ascend", "kfc")
+CONVENTIONS = Convention.ALL
 
-_DEVICE_CONVENTION = {"GPU": "gpu", "Ascend": "ascend"}
+_DEVICE_CONVENTION = {"GPU": Convention.GPU, "Ascend": Convention.ASCEND}
 
 
 def check_factor_convention(value, cls_name: str = "thor") -> str:
@@ -125,90 +127,7 @@ def resolve_factor_convention(value: str, device_target: Optional[str] = None) -
     as they are (after :func:`check_factor_convention`).
     """
     check_factor_convention(value)
-    if value != "auto":
+    if value != Convention.AUTO:
         return value
     target = _device_target() if device_target is None else device_target
-    return _DEVICE_CONVENTION.get(target, "kfc")
-
-
-class FactorConvention(nn.Cell):
-    """One concrete convention (``name`` in gpu/ascend/kfc) for a layer's factor tap.
-
-    The tap computes ms_optim's formulas (``ms_optim._thor.factors``) on the inputs this object
-    gives (``conv_input``/``conv_grad``: the batch means for ``"gpu"``, else unchanged) and multiplies
-    them by the scalars it gives (``*_scales``, Python floats from static shapes; ``apply`` skips a
-    factor 1.0, so ``"kfc"`` adds no op at all). The formulas are in the module docstring.
-    """
-
-    def __init__(self, name: str = "kfc", batch_size: int = 32):
-        super().__init__()
-        if name not in CONVENTIONS[1:]:
-            raise ValueError(f"For 'FactorConvention', the argument 'name' must be 'gpu', 'ascend' or 'kfc', "
-                             f"but got {name!r}.")
-        self.name = name
-        self.batch_size = int(batch_size)
-        self.batch_mean = name == "gpu"
-
-    def add_flags_recursive(self, **flags):
-        """Ignore amp's precision flags, as the tap does (``taps._FactorTap``): amp reaches this
-        child Cell directly, and a float16 flag would make GRAPH mode cast the factors to float16."""
-        flags = {key: value for key, value in flags.items() if key not in ("fp16", "fp32", "bf16")}
-        return super().add_flags_recursive(**flags)
-
-    def conv_input(self, x):
-        """The conv input whose patches make A: the batch mean (keeping a batch of 1) for gpu."""
-        if self.batch_mean:
-            return ops.mean(ops.cast(x, mstype.float32), 0, True)
-        return x
-
-    def conv_grad(self, ds):
-        """The conv dL/ds that makes G: the batch mean (keeping a batch of 1) for gpu."""
-        return self.conv_input(ds)
-
-    def conv_scales(self, batch: int, positions: int) -> Tuple[float, float]:
-        """``(A multiplier, G multiplier)`` of a conv with batch ``batch`` and ``positions`` = Ho*Wo,
-        applied to ``factors.conv_a``/``conv_g`` of ``conv_input``/``conv_grad``."""
-        return _scales(self.name, "conv", self.batch_size, batch, positions)
-
-    def dense_scales(self, rows: int, width: int) -> Tuple[float, float]:
-        """``(A multiplier, G multiplier)`` of a Dense layer with ``rows`` input rows of ``width``
-        features, applied to ``factors.dense_a`` (``a^T a / N``) and ``dense_g`` (``N d^T d``)."""
-        return _scales(self.name, "dense", self.batch_size, rows, width)
-
-    def embedding_scales(self, rows: int) -> Tuple[float, float]:
-        """``(A multiplier, G multiplier)`` of an Embedding with ``rows`` ids, applied to
-        ``factors.embedding_a`` (``counts / N``) and ``embedding_g`` (``N d^T d``)."""
-        return _scales(self.name, "embedding", self.batch_size, rows, 0)
-
-    def apply(self, value, factor: float):
-        """``value * factor`` (float32); ``value`` itself when ``factor == 1.0``."""
-        if factor == 1.0:
-            return value
-        return ops.mul(value, ops.scalar_to_tensor(factor, mstype.float32))
-
-
-@constexpr
-def _scales(name: str, kind: str, bs: int, first: int, second: int) -> Tuple[float, float]:
-    """The multipliers of :class:`FactorConvention`'s ``<kind>_scales(first, second)`` for convention
-    ``name`` and the optimizer's ``batch_size`` ``bs`` (a ``constexpr``: GRAPH_MODE gets one constant,
-    as for ``factors.gram_plan``)."""
-    if kind == "conv":  # first = B, second = Ho*Wo
-        if name == "gpu":  # conv_a(mean x) = sum pm pm^T / T; conv_g(mean ds) = sum dm dm^T
-            return second ** 0.5, bs * bs / second ** 0.5
-        if name == "ascend":  # conv_a(x) = sum p p^T / n; conv_g(ds) = B sum d d^T
-            rows = first * second
-            root = (rows / bs) ** 0.5
-            return root, root * bs * bs / (rows * first)
-        return 1.0, 1.0
-    if kind == "dense":  # first = N rows, second = width
-        g_scale = 1.0 if name == "kfc" else bs * bs / (first * first)
-        return (first / second if name == "gpu" else 1.0), g_scale
-    if name == "kfc":  # embedding: first = N ids
-        return 1.0, 1.0
-    return first / bs, bs * bs / (first * first)
-
-
-def apply_factor_convention(layers, name: str, batch_size: int) -> None:
-    """Give every THOR layer's factor tap the concrete convention ``name`` (thor() calls it)."""
-    for layer in layers:
-        layer.own_factor_tap().convention = FactorConvention(name, batch_size)
+    return _DEVICE_CONVENTION.get(target, Convention.KFC)

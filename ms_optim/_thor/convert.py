@@ -1,9 +1,11 @@
-"""Convert a network's ``nn.Dense``/``nn.Conv2d``/``nn.Embedding`` layers to THOR layers, in place.
+"""Convert a network's ``nn.Dense``/``nn.Conv2d``/``nn.Conv1d``/``nn.Embedding`` layers to THOR layers, in place.
 
-``ConvertNetUtils().convert_to_thor_net(net)`` walks every cell reachable from ``net`` (nested Cells,
-``SequentialCell``, ``CellList``, ``CellDict``, cells held as attributes) and replaces each supported
-layer by its THOR twin built with ``ThorLayer.from_cell``, which *reuses* the layer's Parameter
-objects. Hence:
+:func:`convert_net` (``thor()``'s) and ``ConvertNetUtils().convert_to_thor_net(net)`` walk every cell
+reachable from ``net`` (nested Cells, ``SequentialCell``, ``CellList``, ``CellDict``, cells held as
+attributes) and replace each supported layer by its THOR twin built with ``ThorLayer.from_cell``, which
+*reuses* the layer's Parameter objects, with its final settings (``taps.TapSettings``: convention,
+``batch_size``, block width, schedule guard; ``convert_to_thor_net`` uses the defaults) and a tap shared
+with the layers of the same geometry (``taps.TapPool``). Hence:
 
 * weights, biases, dtypes and Parameter names are unchanged (a checkpoint of the converted net loads
   into the plain net and back; the THOR layers only add ``matrix_a_cov``, ``matrix_g_cov`` and
@@ -11,15 +13,18 @@ objects. Hence:
 * stride, padding, pad_mode, dilation, non-square kernels and biases are kept, so the converted net
   computes exactly what the plain net computes;
 * a layer object used at several places is replaced by one THOR layer used at the same places;
-* converting twice is a no-op (THOR layers are left alone).
+* ``convert_to_thor_net`` leaves THOR layers as they are (converting twice is a no-op);
+  ``convert_net`` gives the THOR layers already in the net its settings (a second ``thor()``).
 
-What stays a plain, first-order layer (documented, never an error): grouped or depthwise
-convolutions (``group > 1``), ``data_format='NHWC'`` convolutions, subclasses of the plain layers (their
-forward may differ; only the exact classes are converted), other layer types (``nn.EmbeddingLookup``,
-``nn.Conv1d``, transposed convolutions, ...), and layers whose weight has ``requires_grad=False``
-(frozen: nothing to precondition; the rule is :func:`thor_class_for`). No layer is special-cased by its
-name. The cell passed as ``net``
-is never replaced itself (a bare ``nn.Dense`` as the whole network stays plain: wrap it in a Cell).
+The kinds and their structure rules are the registered specs (``kinds.registered()``). What stays a
+plain, first-order layer (documented, never an error): grouped or depthwise convolutions
+(``group > 1``), ``data_format='NHWC'`` convolutions, subclasses of the plain layers (their forward may
+differ; only the exact classes are converted), ``nn.Conv1d`` under the ``"gpu"``/``"ascend"``
+conventions (MindSpore's THOR has none to match; ``spec.conventions``), other layer types
+(``nn.EmbeddingLookup``, transposed convolutions, ...), and layers whose weight has
+``requires_grad=False`` (frozen: nothing to precondition; the rule is :func:`thor_class_for`). No
+layer is special-cased by its name. The cell passed as ``net`` is never replaced itself (a bare
+``nn.Dense`` as the whole network stays plain: wrap it in a Cell).
 """
 from __future__ import annotations
 
@@ -27,31 +32,36 @@ from typing import Dict, List, Optional, Set, Tuple
 
 from mindspore import nn
 
-from ms_optim._thor.layers import Conv2dThor, DenseThor, EmbeddingThor, ThorLayer
+from ms_optim._thor import kinds, layers  # noqa: F401  (layers registers the THOR classes of the kinds)
+from ms_optim._thor.layer_base import DEFAULT_SETTINGS, ThorLayer
+from ms_optim._thor.modes import Convention
+from ms_optim._thor.taps import TapPool, TapSettings
 from ms_optim._validation import check_type
 
-__all__ = ["ConvertNetUtils", "thor_class_for", "thor_candidates", "count_thor_cells", "is_thor_cell"]
+__all__ = ["ConvertNetUtils", "convert_net", "thor_class_for", "thor_candidates", "count_thor_cells",
+           "is_thor_cell"]
 
-_THOR_CLASSES = (DenseThor, Conv2dThor, EmbeddingThor)
 _FACTOR_ATTRS = ("matrix_a_cov", "matrix_g_cov", "thor_flag")
 _PRECISION_FLAGS = ("fp16", "fp32", "bf16")
 
 
-def thor_class_for(cell: nn.Cell, convention: str = "kfc") -> Optional[type]:
-    """THE rule: the THOR class that converts the plain layer ``cell``, or None if ``cell`` stays as it is.
+def thor_class_for(cell: nn.Cell, convention: str = Convention.KFC) -> Optional[type]:
+    """THE rule: the THOR class that converts the plain layer ``cell`` under the concrete factor
+    ``convention``, or None if ``cell`` stays as it is.
 
-    A cell converts iff a THOR class can represent it (its exact plain type, and for convolutions
-    ``group == 1`` and NCHW: ``ThorLayer.supports``) and its weight has ``requires_grad=True``.
+    A cell converts iff a registered spec supports it (its exact plain type, and for convolutions
+    ``group == 1`` and NCHW: ``spec.supports``), the spec converts under ``convention``
+    (``spec.conventions``: ``nn.Conv1d`` under ``"kfc"`` only) and its weight has ``requires_grad=True``.
     Everything that decides which layers THOR preconditions goes through this function (with
     :func:`thor_candidates`): the converter, ``thor()``'s validation and ``split_indices`` check,
     and :func:`count_thor_cells`.
     """
     if isinstance(cell, ThorLayer):
         return None
-    for cls in _THOR_CLASSES:
-        if cls.supports(cell):
-            weight = cls._plain_weight(cell)  # pylint: disable=protected-access
-            return cls if weight.requires_grad else None
+    for spec in kinds.registered():
+        if spec.supports(cell):
+            convertible = convention in spec.conventions and spec.weight(cell).requires_grad
+            return spec.thor_class if convertible else None
     return None
 
 
@@ -60,21 +70,44 @@ def is_thor_cell(cell: nn.Cell) -> bool:
     return isinstance(cell, ThorLayer) and cell.weight_param().requires_grad
 
 
-def thor_candidates(net: nn.Cell) -> List[Tuple[str, nn.Cell]]:
-    """``(name, cell)`` of every layer THOR preconditions in ``net``, in ``cells_and_names()`` order:
-    trainable THOR layers already there and the plain layers ``convert_to_thor_net`` would convert
-    (by :func:`thor_class_for`). Touches nothing. After conversion these are exactly the THOR layers
-    the optimizer gets.
+def thor_candidates(net: nn.Cell, convention: str = Convention.KFC) -> List[Tuple[str, nn.Cell]]:
+    """``(name, cell)`` of every layer THOR preconditions in ``net`` under ``convention``, in
+    ``cells_and_names()`` order: trainable THOR layers already there (under any convention) and the plain
+    layers :func:`convert_net` would convert (by :func:`thor_class_for`). Touches nothing. After
+    conversion these are exactly the THOR layers the optimizer gets.
 
     ``net`` itself is included only if it is already a THOR layer: a bare plain layer passed as the
     whole network cannot be replaced in place (wrap it in a Cell)."""
     return [(name, cell) for name, cell in net.cells_and_names()
-            if is_thor_cell(cell) or (cell is not net and thor_class_for(cell) is not None)]
+            if is_thor_cell(cell) or (cell is not net and thor_class_for(cell, convention) is not None)]
 
 
-def count_thor_cells(net: nn.Cell, convention: str = "kfc") -> int:
-    """Number of THOR layers ``net`` has, or will have once converted (the converter is not run)."""
-    return len(thor_candidates(net))
+def count_thor_cells(net: nn.Cell, convention: str = Convention.KFC) -> int:
+    """Number of THOR layers ``net`` has, or will have once converted under ``convention`` (the converter
+    is not run)."""
+    return len(thor_candidates(net, convention))
+
+
+def convert_net(net: nn.Cell, settings: TapSettings = DEFAULT_SETTINGS) -> List[ThorLayer]:
+    """Convert ``net`` in place for THOR with ``settings``; return its THOR layers, :func:`thor_candidates`'s.
+
+    Every plain layer :func:`thor_class_for` converts under ``settings.convention`` becomes its THOR layer,
+    built with ``settings`` (factor Parameters in the blocks of ``settings.block_size``, a tap with the
+    convention, ``batch_size`` and schedule guard); the THOR layers already in the net (an earlier
+    conversion) get the same settings, their factors kept unless the block width changes. Layers whose
+    taps compute alike share one tap (``taps.TapPool``). After it, nothing needs to touch the layers.
+
+    Raises:
+        TypeError: if ``net`` is not a Cell.
+    """
+    check_type("net", net, nn.Cell, "convert_net", what="a Cell")
+    taps = TapPool()
+    made = ConvertNetUtils()._convert(net, settings, taps)  # pylint: disable=protected-access
+    found = [cell for _, cell in thor_candidates(net, settings.convention)]
+    for layer in found:
+        if id(layer) not in made:  # made before: this conversion's settings
+            layer._settle(settings, taps)  # pylint: disable=protected-access
+    return found
 
 
 class ConvertNetUtils:
@@ -82,7 +115,7 @@ class ConvertNetUtils:
 
     @classmethod
     def thor_candidates(cls, net: nn.Cell) -> List[Tuple[str, nn.Cell]]:
-        """:func:`thor_candidates` of ``net`` (checked to be a Cell)."""
+        """:func:`thor_candidates` of ``net`` (checked to be a Cell) under the default convention, ``"kfc"``."""
         check_type("net", net, nn.Cell, cls.__name__, what="a Cell")
         return thor_candidates(net)
 
@@ -93,36 +126,43 @@ class ConvertNetUtils:
             TypeError: if ``net`` is not a Cell.
         """
         check_type("net", net, nn.Cell, type(self).__name__, what="a Cell")
+        self._convert(net, DEFAULT_SETTINGS, TapPool())
+        return net
+
+    def _convert(self, net: nn.Cell, settings: TapSettings, taps: TapPool) -> Set[int]:
+        """Replace the plain layers :func:`thor_class_for` converts, building each with ``settings`` and a tap
+        from ``taps``; return the ids of the new THOR layers."""
         names_in_use: Set[str] = {param.name for param in net.get_parameters()}
         paths = {id(cell): name for name, cell in net.cells_and_names()}
         replaced: Dict[int, ThorLayer] = {}
-        self._convert_children(net, replaced, set(), names_in_use, paths)
+        self._convert_children(net, replaced, set(), (names_in_use, paths, settings, taps))
         if hasattr(net, "update_cell_type"):
             net.update_cell_type("second-order")
-        return net
+        return {id(layer) for layer in replaced.values()}
 
     def _convert_children(self, parent: nn.Cell, replaced: Dict[int, ThorLayer], visited: Set[int],
-                          names_in_use: Set[str], paths: Dict[int, str]) -> None:
+                          context: tuple) -> None:
         if id(parent) in visited:
             return
         visited.add(id(parent))
+        names_in_use, paths, settings, taps = context
         for key, child in list(parent._cells.items()):  # pylint: disable=protected-access
             if child is None:
                 continue
             new = replaced.get(id(child))
             if new is None:
-                cls = thor_class_for(child)
+                cls = thor_class_for(child, settings.convention)
                 if cls is None:
-                    self._convert_children(child, replaced, visited, names_in_use, paths)
+                    self._convert_children(child, replaced, visited, context)
                     continue
-                new = cls.from_cell(child, self._factor_prefix(cls, child, names_in_use, paths))
+                new = cls.from_cell(child, self._factor_prefix(cls, child, names_in_use, paths), settings, taps)
                 self._copy_cell_state(child, new)
                 replaced[id(child)] = new
             self._swap_child(parent, key, child, new)
 
     def _factor_prefix(self, cls: type, cell: nn.Cell, names_in_use: Set[str], paths: Dict[int, str]) -> str:
         """Name prefix of the new factor Parameters: the weight's prefix, or the cell's path if taken."""
-        weight_name = cls._plain_weight(cell).name  # pylint: disable=protected-access
+        weight_name = cls.spec.weight(cell).name
         candidates = [weight_name[:weight_name.rfind(".") + 1]]
         path = paths.get(id(cell))
         if path:

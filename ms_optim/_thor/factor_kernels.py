@@ -74,15 +74,15 @@ class _InverseCustom(_fused._InplaceCustom):  # pylint: disable=protected-access
 
 
 class FactorKernels(NamedTuple):
-    """THOR's fused CPU ops (the module docstring says what each computes). Read by name in Python; a graph
-    reads the one op it was handed (GRAPH_MODE cannot read a named tuple's fields)."""
+    """THOR's fused CPU ops, by name (a tuple: positions work too, and GRAPH_MODE, which cannot read a
+    named tuple's fields, gets the ops the Python side picked by name: ``taps.FactorTap.kernels``)."""
 
-    patch_gram: ops.Custom
-    row_gram: ops.Custom
-    id_counts: ops.Custom
-    precondition: ops.Custom
-    block_inverse: ops.Custom
-    block_inverse_out: ops.Custom
+    patch_gram: ops.Custom          # MsOptimPatchGram: a conv's A and G
+    row_gram: ops.Custom            # MsOptimRowGram: a Dense layer's A and G, an Embedding's G
+    id_counts: ops.Custom           # MsOptimIdCounts: an Embedding's A
+    precondition: ops.Custom        # MsOptimBlockPrecondition: G^-1 g A^-1
+    block_inverse: ops.Custom       # MsOptimBlockInverse: damped inversion in place
+    block_inverse_out: ops.Custom   # MsOptimBlockInverseOut: the same as a pure op, (inverse, ok)
 
 
 def _ops(path: str) -> FactorKernels:
@@ -91,7 +91,8 @@ def _ops(path: str) -> FactorKernels:
                                                                      "MsOptimIdCounts"))
     precondition = ops.Custom(f"{path}:MsOptimBlockPrecondition", out_shape=lambda grad, g_inv, a_inv: grad,
                               out_dtype=lambda grad, g_inv, a_inv: ms.float32, func_type="aot")
-    inverse_out = ops.Custom(f"{path}:MsOptimBlockInverseOut", out_shape=lambda factor, lam, scale, plan: [factor, [1]],
+    inverse_out = ops.Custom(f"{path}:MsOptimBlockInverseOut",
+                             out_shape=lambda factor, lam, scale, plan: [factor, [1]],
                              out_dtype=lambda *dtypes: [ms.float32, ms.float32], func_type="aot")
     return FactorKernels(*factor_ops, precondition, _InverseCustom(f"{path}:MsOptimBlockInverse"), inverse_out)
 
@@ -123,8 +124,8 @@ def _load() -> Optional[FactorKernels]:
 
 
 def factor_kernels() -> Optional[FactorKernels]:
-    """THOR's fused CPU ops when the fused switch is on and the ops can be had, else None (the taps and the
-    inversion then use the composite ops)."""
+    """The :class:`FactorKernels` when the fused switch is on and the ops can be had, else None (the taps and
+    the inversion then use the composite ops)."""
     if not _fused.fused_switch_on():
         return None
     with _lock:

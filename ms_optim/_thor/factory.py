@@ -7,13 +7,13 @@ or converts.
 """
 from __future__ import annotations
 
-from mindspore import nn
+import numpy as np
+from mindspore import Parameter, Tensor, nn
 
 from ms_optim._thor.config import ThorConfig, validate_thor
-from ms_optim._thor.conventions import apply_factor_convention
-from ms_optim._thor.convert import ConvertNetUtils, thor_candidates
+from ms_optim._thor.convert import convert_net
 from ms_optim._thor.optimizer import ThorOptimizer
-from ms_optim._thor.taps import ScheduleGuard, share_factor_taps
+from ms_optim._thor.taps import ScheduleGuard, TapSettings
 
 __all__ = ["thor", "build_thor"]
 
@@ -21,20 +21,18 @@ _NAME = "thor"
 
 
 def build_thor(net: nn.Cell, config: ThorConfig) -> ThorOptimizer:
-    """Convert ``net`` in place for ``config`` and build the optimizer (``config`` already validated)."""
-    ConvertNetUtils().convert_to_thor_net(net)
-    layers = [cell for _, cell in thor_candidates(net)]  # the same rule the validation counted with
-    apply_factor_convention(layers, config.factor_convention, config.batch_size)
-    for layer in layers:  # the layers store exactly the blocks the optimizer inverts
-        layer.set_factor_block_size(config.factor_block_size)
-    optimizer = ThorOptimizer(net, layers, config)
+    """Convert ``net`` in place for ``config`` (every layer built with its convention, block width, schedule
+    guard and shared tap) and build the optimizer (``config`` already validated)."""
     limits = config.schedule_limits
-    # PYNATIVE: a step past their end is refused before the backward pass writes the factors (and a guard
-    # an earlier thor() on this net set is dropped)
-    guard = ScheduleGuard(_NAME, optimizer.global_step, limits) if limits else None
-    for layer in layers:
-        layer.own_factor_tap().set_schedule_guard(guard)
-    share_factor_taps(layers)
+    # PYNATIVE: a step past their end is refused before the backward pass writes the factors; the guard
+    # reads the optimizer's global_step, bound once the optimizer exists
+    guard = ScheduleGuard(_NAME, Parameter(Tensor(np.zeros((1,), np.int32)), name="global_step"),
+                          limits) if limits else None
+    settings = TapSettings(config.factor_convention, config.batch_size, config.factor_block_size, guard)
+    layers = convert_net(net, settings)  # thor_candidates' layers: the rule the validation counted with
+    optimizer = ThorOptimizer(net, layers, config)
+    if guard is not None:
+        guard.step = optimizer.global_step
     return optimizer
 
 

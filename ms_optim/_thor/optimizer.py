@@ -74,7 +74,7 @@ from ms_optim._thor.factor_kernels import factor_kernels
 from ms_optim._thor.inversion import build_inversion, choose_strategy
 from ms_optim._thor.kl_clip import apply_kl_clip
 from ms_optim._thor.layers import ThorLayer
-from ms_optim._thor.modes import Kind, Strategy, Treatment
+from ms_optim._thor.modes import Strategy, Treatment
 from ms_optim._thor.slot import LayerSlot
 from ms_optim._thor.update import (
     apply_decay,
@@ -198,8 +198,7 @@ class ThorOptimizer(Optimizer):
         (``self.slots``), with the layer-by-layer inversion's constants where the strategy inverts so."""
         role = {}
         for i, layer in enumerate(self.thor_cells):
-            treatment = Treatment.EMBEDDING if layer.kind == Kind.EMBEDDING else Treatment.MATRIX
-            role[id(layer.weight_param())] = (treatment, i)
+            role[id(layer.weight_param())] = (layer.spec.treatment, i)
         for _, cell in net.cells_and_names():
             if isinstance(cell, nn.LayerNorm):
                 for param in (cell.gamma, cell.beta):

@@ -46,7 +46,7 @@ class LayerSlot(nn.Cell):
                  layerwise: bool = False):
         super().__init__(auto_prefix=False)  # keep the inverses' names as they are (checkpoints)
         self.kind = layer.kind
-        self.is_embedding = bool(layer.a_is_diagonal)
+        self.is_embedding = bool(layer.spec.a_diagonal)
         self.grad_index = int(grad_index)
         self.g_layout = pc.BlockLayout(int(layer.g_dim), block_size)
         self.g_geom = self.g_layout.geom

@@ -22,46 +22,46 @@ backward kernel graph those casts, which read nothing but graph inputs, can all 
 ResNet trainer's batch-8 peak went from 3.18 to 3.58 GiB, and the rounding of ``dL/ds`` to float16
 was folded away); the branches' kernel graphs keep each cast next to its conv. The composite taps made
 THOR's compile time and compiled memory grow by a dozen nodes per factor (``factor_kernels`` gives the
-figures). Which way a tap's bprop holds is chosen when the graph is parsed (``_FactorTap.factor_pass``), not
+figures). Which way a tap's bprop holds is chosen when the graph is parsed (``FactorTap.factor_pass``), not
 by an ``if`` in it: MindSpore expands every branch of a custom bprop at each call site, constant or not.
 
-One tap for many layers. A tap keeps no state of its layer (the layer passes its flag and factors in),
-so ``thor()`` gives the layers whose taps compute alike one tap Cell (:func:`share_factor_taps`): compiling
-expands each Cell's custom ``bprop`` in a pass of its own over the whole graph, which made one tap per
-layer cost layers times graph size (ResNet-50: 54 taps, 5.2 s of a 32 s compile; shared, 6 taps).
+One tap class for every kind. A :class:`FactorTap` is built over a layer kind's spec (``kinds.py``), the
+static geometry of its layer and the :class:`TapSettings` of the conversion (factor convention,
+``batch_size``, block width, schedule guard), all final when the tap is made: the spec computes the
+factors, the tap only decides how (fused or composite, with or without a branch) and stores them.
 
-The factor formulas (and their normalisation) are in ``factors.py``; the layers (``layers.py``) own
-the factor Parameters and the flag and route their pre-activation through a tap in training mode.
+One tap for many layers. A tap keeps no state of its layer (the layer passes its flag and factors in),
+so the layers of one conversion whose taps compute alike get one tap Cell (:class:`TapPool`, used by
+``convert.convert_net``): compiling expands each Cell's custom ``bprop`` in a pass of its own over the
+whole graph, which made one tap per layer cost layers times graph size (ResNet-50: 54 taps, 5.2 s of a
+32 s compile; shared, 6 taps).
+
+The factor formulas (and their normalisation) are in ``factors.py`` and ``kinds.py``; the layers
+(``layers.py``) own the factor Parameters and the flag and route their pre-activation through a tap in
+training mode.
 
 A step past the end of THOR's per-step ``learning_rate``/``damping`` is refused by the optimizer, which
 runs after the backward pass. In GRAPH mode the whole step is one graph and the refusal leaves the
-factors untouched; in PYNATIVE mode the backward pass has already run, so ``thor()`` gives every tap a
-:class:`ScheduleGuard` that refuses the same step, with the same error, before the tap writes.
+factors untouched; in PYNATIVE mode the backward pass has already run, so ``thor()`` converts with a
+:class:`ScheduleGuard` in the settings, which refuses the same step, with the same error, before the tap writes.
 """
 from __future__ import annotations
 
-from typing import Sequence, Tuple
+from typing import Dict, NamedTuple, Optional, Sequence, Tuple
 
-import numpy as np
 from mindspore import Parameter, Tensor, context, nn, ops
 from mindspore import dtype as mstype
 
-from ms_optim._thor.conventions import FactorConvention
-from ms_optim._thor.factor_kernels import count_plan_tensor, factor_kernels, patch_plan_tensor, row_plan_tensor
-from ms_optim._thor.factors import (
-    Pair,
-    conv_a,
-    conv_g,
-    conv_output_geometry,
-    dense_a,
-    dense_g,
-    embedding_a,
-    embedding_g,
-)
+from ms_optim._thor.factor_kernels import factor_kernels
+from ms_optim._thor.kinds import KindSpec
+from ms_optim._thor.modes import Convention
 from ms_optim._thor.preconditioner import keep_if
 from ms_optim.optim._base import check_schedule_length
 
-__all__ = ["DenseTap", "ConvTap", "EmbeddingTap", "ScheduleGuard", "share_factor_taps"]
+__all__ = ["FactorTap", "TapSettings", "TapPool", "ScheduleGuard", "DEFAULT_BLOCK_SIZE", "DEFAULT_SETTINGS"]
+
+#: Factor block width of a THOR layer built with the default settings (``thor``'s default ``block_size``).
+DEFAULT_BLOCK_SIZE = 128
 
 
 class ScheduleGuard(nn.Cell):
@@ -75,7 +75,7 @@ class ScheduleGuard(nn.Cell):
     Calling it raises ``check_schedule_length``'s ValueError (the optimizer's own message) when the step is
     past the end of one of the lists, and returns ``step`` (for ``ops.depend``). A Cell of plain MindSpore
     ops, so it also compiles inside ``ms.jit`` in PYNATIVE mode; a tap does not call it in GRAPH mode
-    (there the step's single graph is refused as a whole: see ``_FactorTap.schedule_guard``).
+    (there the step's single graph is refused as a whole: see ``FactorTap.schedule_guard``).
     """
 
     def __init__(self, owner: str, step: Parameter, limits: Sequence[Tuple[str, int]]):
@@ -92,20 +92,47 @@ class ScheduleGuard(nn.Cell):
         return step
 
 
-def share_factor_taps(layers: Sequence[nn.Cell]) -> None:
-    """Give the THOR layers whose taps have equal ``sharing_key`` one tap Cell.
+class TapSettings(NamedTuple):
+    """What a conversion gives every tap (Python side only; the tap copies the numbers it reads in graphs).
 
-    Why: compiling expands each Cell's custom ``bprop`` in its own pass over the whole graph
-    (MindSpore's ``meta_fg_expand``, one ``resolve`` each), so one tap per layer made that part of the
-    compile grow as layers times graph size. A tap holds no state of its layer (the layer passes its
-    factors and flag in), so layers of one geometry can call the same Cell: ResNet-50's 54 THOR layers
-    need 6 taps. ``ThorLayer.own_factor_tap`` copies a shared tap before a layer's setting changes it.
+    * ``convention``: a concrete ``modes.Convention`` (gpu, ascend or kfc), the factors' normalisation;
+    * ``batch_size``: thor()'s ``batch_size``, which the gpu/ascend multipliers read;
+    * ``block_size``: the width of the diagonal blocks the factors are stored in (None: whole matrices);
+    * ``guard``: the :class:`ScheduleGuard` of thor()'s per-step lists, or None.
     """
-    taps = {}
-    for layer in layers:
-        tap = taps.setdefault(layer.factor_tap.sharing_key(), layer.factor_tap)
-        tap.shared = tap.shared or tap is not layer.factor_tap
-        layer.factor_tap = tap
+
+    convention: str = Convention.KFC
+    batch_size: int = 32
+    block_size: Optional[int] = DEFAULT_BLOCK_SIZE
+    guard: Optional[ScheduleGuard] = None
+
+
+#: The settings of a THOR layer made by its constructor or ``ConvertNetUtils``: kfc, 32, blocks of 128, no guard.
+DEFAULT_SETTINGS = TapSettings()
+
+
+def tap_key(spec: KindSpec, geometry: tuple, settings: TapSettings) -> tuple:
+    """What a tap's graph depends on besides its inputs: kind, block width, convention, ``batch_size``, guard
+    and geometry. Taps with equal keys compute alike, so their layers can share one Cell (:class:`TapPool`)."""
+    return (spec.kind, settings.block_size, settings.convention, int(settings.batch_size),
+            id(settings.guard)) + tuple(geometry)
+
+
+class TapPool:
+    """The taps of one conversion: one :class:`FactorTap` per :func:`tap_key`, handed to every layer that asks
+    for it (``FactorTap.shared`` then says so)."""
+
+    def __init__(self):
+        self._taps: Dict[tuple, FactorTap] = {}
+
+    def tap(self, spec: KindSpec, geometry: tuple, settings: TapSettings) -> "FactorTap":
+        key = tap_key(spec, geometry, settings)
+        tap = self._taps.get(key)
+        if tap is None:
+            tap = self._taps[key] = FactorTap(spec, geometry, settings)
+        else:
+            tap.shared = True
+        return tap
 
 
 _ID_TYPES = mstype.int_type + mstype.uint_type
@@ -127,96 +154,31 @@ def _branch_free(x, dout) -> bool:
     return dout.dtype == mstype.float32 and x.dtype in (mstype.float32, mstype.int32, mstype.int64)
 
 
-class _FactorTap(nn.Cell):
-    """Identity on the layer's pre-activation ``s`` whose backward pass stores the factors.
+class _ParsedChoices(nn.Cell):
+    """The choices a tap's bprop reads when its graph is parsed, as properties of a base class.
 
-    ``tap(s, x, flag, a_cov, g_cov)`` returns ``s``. Its bprop receives the layer input ``x`` and
-    ``ds = dL/ds``; while ``flag`` is True it writes ``A(x)`` into ``a_cov`` and ``G(ds)`` into
-    ``g_cov`` (a non-finite value is not written) and passes ``ds`` through unchanged. The gradients
-    it returns for ``x`` and the state are zeros (``x`` reaches the tap through ``stop_gradient``; its
-    real gradient flows through the layer). Subclasses give ``_a_value(x)`` and ``_g_value(ds)``, the
-    formulas of ``factors.py`` adapted by ``self.convention`` (a ``conventions.FactorConvention``; KFC,
-    i.e. exactly those formulas, unless ``thor(..., factor_convention=...)`` sets another).
+    MindSpore's parser compiles a property of the object's own class into the graph (it looks only in
+    ``type(obj).__dict__``), where ``context`` and the environment cannot be read; a property inherited
+    from a base class it reads in Python, at parse time, and puts its value in the graph as a constant.
+    :class:`FactorTap` inherits these so that its graph holds one way of computing the factors.
     """
-
-    def __init__(self):
-        super().__init__()
-        self.convention = FactorConvention()
-        self.block_size = None  # the layer's factor block width (``ThorLayer.set_factor_block_size``)
-        self.__dict__["_schedule_guard"] = None  # see the schedule_guard property
-        self.shared = False  # share_factor_taps gave this tap to several layers
-        # factor_pass hands out one of these: bound methods made once and kept (MindSpore caches what it parsed by
-        # the object's id, and a bound method made per access can take the id of one it parsed before)
-        self.__dict__["_passes"] = (self._fused_pass, self._flagged_pass)
 
     @property
     def schedule_guard(self):
-        """The :class:`ScheduleGuard` ``thor()`` set, in PYNATIVE mode; None in GRAPH mode, where the graph
-        is compiled without it (read when the graph is parsed)."""
+        """The settings' :class:`ScheduleGuard`, in PYNATIVE mode; None in GRAPH mode, where the graph is
+        compiled without it (read when the graph is parsed)."""
         if context.get_context("mode") != context.PYNATIVE_MODE:
             return None
-        return self._schedule_guard
-
-    def set_schedule_guard(self, guard: "ScheduleGuard") -> None:
-        """Give this tap the guard ``thor()`` made. Kept out of the Cell tree: the guard holds the
-        optimizer's ``global_step``, which is no Parameter of the net (nor in its checkpoints)."""
-        self.__dict__["_schedule_guard"] = guard
-
-    def sharing_key(self) -> tuple:
-        """What the tap's graph depends on besides its inputs: the class, block width, convention,
-        guard and geometry. Taps with equal keys compute alike, so :func:`share_factor_taps` can give
-        their layers one Cell."""
-        return (type(self), self.block_size, self.convention.name, self.convention.batch_size,
-                id(self.__dict__["_schedule_guard"])) + self._geometry()
-
-    def _geometry(self) -> tuple:
-        """The subclass's constructor arguments."""
-        return ()
-
-    def clone(self) -> "_FactorTap":
-        """A new tap set up as this one (:meth:`sharing_key` equal), used by one layer only."""
-        tap = type(self)(*self._geometry())
-        tap.block_size = self.block_size
-        tap.convention = FactorConvention(self.convention.name, self.convention.batch_size)
-        tap.set_schedule_guard(self.__dict__["_schedule_guard"])
-        return tap
-
-    def add_flags_recursive(self, **flags):
-        """Ignore amp's precision flags (``to_float``): the tap casts to float32 itself, and a float16
-        flag would make PYNATIVE mode compute the factors in float16."""
-        flags = {key: value for key, value in flags.items() if key not in ("fp16", "fp32", "bf16")}
-        return super().add_flags_recursive(**flags)
-
-    def _a_value(self, x):
-        raise NotImplementedError
-
-    def _g_value(self, ds):
-        raise NotImplementedError
-
-    def construct(self, s, x, flag, a_cov, g_cov):
-        return s
+        return self.settings.guard
 
     @property
     def kernels(self):
-        """THOR's fused factor ops (``factor_kernels.factor_kernels``: CPU, ``MS_OPTIM_FUSED`` not 0) or None:
-        read when the graph is parsed, like ``schedule_guard``."""
-        return factor_kernels()
-
-    def _a_fused(self, kernels, a_cov, x, flag):
-        raise NotImplementedError
-
-    def _g_fused(self, kernels, g_cov, ds, flag):
-        raise NotImplementedError
-
-    def _store_fused(self, kernels, x, dout, flag, a_cov, g_cov):
-        """The fused ops' stores of both factors; returns ``dout`` ordered after them.
-
-        A waits for dout, so a layer called twice keeps its first call's A (its backward runs last), as it
-        keeps its G. (Ordering A after G through the flag instead, ops.depend(flag, written_g), compiled
-        ResNet-50 slower and 0.11 GiB larger: a depend on a Parameter.)"""
-        written_a = self._a_fused(kernels, a_cov, _kernel_input(ops.depend(x, dout)), flag)
-        written_g = self._g_fused(kernels, g_cov, _kernel_input(dout), flag)
-        return ops.depend(ops.depend(dout, written_a), written_g)
+        """``(A op, G op)``: the fused factor ops the spec names (``factor_kernels``: CPU, ``MS_OPTIM_FUSED``
+        not 0), or None; picked by name here, in Python, when the graph is parsed (like ``schedule_guard``)."""
+        kernels = factor_kernels()
+        if kernels is None:
+            return None
+        return getattr(kernels, self.spec.a_op), getattr(kernels, self.spec.g_op)
 
     @property
     def factor_pass(self):
@@ -226,6 +188,67 @@ class _FactorTap(nn.Cell):
         condition is a constant, and the composite branch made ResNet-50's compile 0.3 s (of 6.5) slower and its
         compiled step 42 MiB larger."""
         return self.__dict__["_passes"][0 if self.kernels is not None and self.schedule_guard is None else 1]
+
+
+class FactorTap(_ParsedChoices):
+    """Identity on the layer's pre-activation ``s`` whose backward pass stores the factors.
+
+    Args:
+        spec (KindSpec): the layer kind (``kinds.py``), which computes the factors.
+        geometry (tuple): the layer's static geometry (``spec.geometry(layer)``).
+        settings (TapSettings): convention, ``batch_size``, block width and schedule guard.
+
+    ``tap(s, x, flag, a_cov, g_cov)`` returns ``s``. Its bprop receives the layer input ``x`` and
+    ``ds = dL/ds``; while ``flag`` is True it writes ``A(x)`` into ``a_cov`` and ``G(ds)`` into
+    ``g_cov`` (a non-finite value is not written) and passes ``ds`` through unchanged. The gradients
+    it returns for ``x`` and the state are zeros (``x`` reaches the tap through ``stop_gradient``; its
+    real gradient flows through the layer).
+    """
+
+    def __init__(self, spec: KindSpec, geometry: tuple = (), settings: TapSettings = DEFAULT_SETTINGS):
+        super().__init__()
+        # kept out of the Cell tree: the guard holds the optimizer's global_step, which is no Parameter of
+        # the net (nor in its checkpoints); the spec is a jit_class shared by every tap of its kind
+        self.__dict__["settings"] = settings
+        self.__dict__["spec"] = spec
+        self.geometry = tuple(geometry)
+        self.convention = settings.convention
+        self.batch_size = int(settings.batch_size)
+        self.block_size = None if settings.block_size is None else int(settings.block_size)
+        self.shared = False  # a TapPool gave this tap to several layers
+        # factor_pass hands out one of these: bound methods made once and kept (MindSpore caches what it parsed by
+        # the object's id, and a bound method made per access can take the id of one it parsed before)
+        self.__dict__["_passes"] = (self._fused_pass, self._flagged_pass)
+
+    def sharing_key(self) -> tuple:
+        """:func:`tap_key` of this tap."""
+        return tap_key(self.spec, self.geometry, self.settings)
+
+    def clone(self) -> "FactorTap":
+        """A new tap set up as this one (:meth:`sharing_key` equal), used by one layer only."""
+        return FactorTap(self.spec, self.geometry, self.settings)
+
+    def add_flags_recursive(self, **flags):
+        """Ignore amp's precision flags (``to_float``): the tap casts to float32 itself, and a float16
+        flag would make PYNATIVE mode compute the factors in float16."""
+        flags = {key: value for key, value in flags.items() if key not in ("fp16", "fp32", "bf16")}
+        return super().add_flags_recursive(**flags)
+
+    def construct(self, s, x, flag, a_cov, g_cov):
+        return s
+
+    def _store_fused(self, kernels, x, dout, flag, a_cov, g_cov):
+        """The fused ops' stores of both factors; returns ``dout`` ordered after them.
+
+        A waits for dout, so a layer called twice keeps its first call's A (its backward runs last), as it
+        keeps its G. (Ordering A after G through the flag instead, ops.depend(flag, written_g), compiled
+        ResNet-50 slower and 0.11 GiB larger: a depend on a Parameter.)"""
+        spec = self.spec
+        written_a = spec.a_fused(kernels[0], a_cov, _kernel_input(ops.depend(x, dout)), flag, self.geometry,
+                                 self.convention, self.batch_size, self.block_size)
+        written_g = spec.g_fused(kernels[1], g_cov, _kernel_input(dout), flag, self.geometry, self.convention,
+                                 self.batch_size, self.block_size)
+        return ops.depend(ops.depend(dout, written_a), written_g)
 
     def _fused_pass(self, x, dout, flag, a_cov, g_cov):
         """Both factors by the fused ops; without a branch where :func:`_branch_free` allows (decided when the graph
@@ -248,9 +271,9 @@ class _FactorTap(nn.Cell):
             if kernels is not None:  # one op per factor (each also reads the flag)
                 dout = self._store_fused(kernels, x, dout, flag, a_cov, g_cov)
             else:
-                a_new = self._a_value(x)
+                a_new = self.spec.a_value(x, self.geometry, self.convention, self.batch_size, self.block_size)
                 a_new = keep_if(ops.isfinite(a_new).all(), a_new, a_cov)
-                g_new = self._g_value(dout)
+                g_new = self.spec.g_value(dout, self.geometry, self.convention, self.batch_size, self.block_size)
                 g_new = keep_if(ops.isfinite(g_new).all(), g_new, g_cov)
                 dout = ops.depend(dout, ops.assign(a_cov, a_new))
                 dout = ops.depend(dout, ops.assign(g_cov, g_new))
@@ -261,92 +284,3 @@ class _FactorTap(nn.Cell):
         # under amp the custom bprop sees the un-cast input s: hand its gradient back in s's dtype
         return (ops.cast(dout, s.dtype), ops.zeros_like(x), ops.zeros_like(flag), ops.zeros_like(a_cov),
                 ops.zeros_like(g_cov))
-
-
-class DenseTap(_FactorTap):
-    """Tap of a Dense layer: :func:`dense_a`, :func:`dense_g`."""
-
-    def _a_value(self, x):
-        return self.convention.apply(dense_a(x, self.block_size),
-                                     self.convention.dense_scales(x.shape[0], x.shape[1])[0])
-
-    def _g_value(self, ds):
-        return self.convention.apply(dense_g(ds, self.block_size),
-                                     self.convention.dense_scales(ds.shape[0], ds.shape[1])[1])
-
-    def _a_fused(self, kernels, a_cov, x, flag):
-        scale = self.convention.dense_scales(x.shape[0], x.shape[1])[0]
-        return kernels[1](a_cov, x, flag, row_plan_tensor(x.shape, self.block_size, scale, True))
-
-    def _g_fused(self, kernels, g_cov, ds, flag):
-        scale = self.convention.dense_scales(ds.shape[0], ds.shape[1])[1]
-        return kernels[1](g_cov, ds, flag, row_plan_tensor(ds.shape, self.block_size, scale, False))
-
-
-class ConvTap(_FactorTap):
-    """Tap of a Conv2d layer (NCHW, group 1): :func:`conv_a` with the layer's geometry, :func:`conv_g`."""
-
-    def __init__(self, kernel_size: Pair, stride: Pair, dilation: Pair, pad_mode: str, padding):
-        super().__init__()
-        self.kernel_size = kernel_size
-        self.stride = stride
-        self.dilation = dilation
-        self.pad_mode = pad_mode
-        self.padding = tuple(padding) if isinstance(padding, list) else padding
-
-    def _geometry(self) -> tuple:
-        return (self.kernel_size, self.stride, self.dilation, self.pad_mode, self.padding)
-
-    def _a_value(self, x):
-        geometry = conv_output_geometry(x.shape[2], x.shape[3], self.kernel_size, self.stride, self.dilation,
-                                        self.pad_mode, self.padding)
-        scale = self.convention.conv_scales(x.shape[0], geometry[4] * geometry[5])[0]
-        a = conv_a(self.convention.conv_input(x), self.kernel_size, self.stride, self.dilation, self.pad_mode,
-                   self.padding, self.block_size)
-        return self.convention.apply(a, scale)
-
-    def _g_value(self, ds):
-        scale = self.convention.conv_scales(ds.shape[0], ds.shape[2] * ds.shape[3])[1]
-        return self.convention.apply(conv_g(self.convention.conv_grad(ds), self.block_size), scale)
-
-    def _a_fused(self, kernels, a_cov, x, flag):
-        geometry = conv_output_geometry(x.shape[2], x.shape[3], self.kernel_size, self.stride, self.dilation,
-                                        self.pad_mode, self.padding)
-        scale = self.convention.conv_scales(x.shape[0], geometry[4] * geometry[5])[0]
-        x = self.convention.conv_input(x)
-        plan = patch_plan_tensor(x.shape, self.kernel_size, self.stride, self.dilation, self.pad_mode, self.padding,
-                                 self.block_size, scale, True)
-        return kernels[0](a_cov, x, flag, plan)
-
-    def _g_fused(self, kernels, g_cov, ds, flag):
-        scale = self.convention.conv_scales(ds.shape[0], ds.shape[2] * ds.shape[3])[1]
-        ds = self.convention.conv_grad(ds)
-        plan = patch_plan_tensor(ds.shape, (1, 1), (1, 1), (1, 1), "valid", 0, self.block_size, scale, False)
-        return kernels[0](g_cov, ds, flag, plan)
-
-
-class EmbeddingTap(_FactorTap):
-    """Tap of an Embedding layer: :func:`embedding_a` (the diagonal of A), :func:`embedding_g`."""
-
-    def __init__(self, vocab_size: int):
-        super().__init__()
-        self.vocab_size = vocab_size
-        self.limit = Tensor(np.array(vocab_size, np.int32))
-
-    def _geometry(self) -> tuple:
-        return (self.vocab_size,)
-
-    def _a_value(self, x):
-        return self.convention.apply(embedding_a(x, self.vocab_size, self.limit),
-                                     self.convention.embedding_scales(x.shape[0])[0])
-
-    def _g_value(self, ds):
-        return self.convention.apply(embedding_g(ds, self.block_size), self.convention.embedding_scales(ds.shape[0])[1])
-
-    def _a_fused(self, kernels, a_cov, x, flag):
-        scale = self.convention.embedding_scales(x.shape[0])[0]
-        return kernels[2](a_cov, x, flag, count_plan_tensor(x.shape[0], scale))
-
-    def _g_fused(self, kernels, g_cov, ds, flag):
-        scale = self.convention.embedding_scales(ds.shape[0])[1]
-        return kernels[1](g_cov, ds, flag, row_plan_tensor(ds.shape, self.block_size, scale, False))

@@ -2,6 +2,8 @@
 
 The optimizers and THOR layers below are ms_optim's own implementations; every other name
 (`nn.Dense`, `nn.Momentum`, `nn.Cell`, ...) is MindSpore's, so a script needs no other change.
+`_EXPORTS` re-implements MindSpore's names (what `ms_optim.use()` replaces); `_EXTRAS` are ms_optim's
+own additions, which MindSpore has no name for (`Conv1dThor`).
 """
 from ms_optim._facade import lazy_dir, lazy_getattr
 
@@ -16,7 +18,10 @@ _EXPORTS = {
     # MindSpore's needs an Ascend-only status op on CPU; this one has the same signature and runs anywhere.
     "TrainOneStepWithLossScaleCell": "ms_optim.loss_scale",
 }
+_EXTRAS = {
+    "Conv1dThor": "ms_optim._thor.layers",
+}
 
-__all__ = sorted(_EXPORTS)
-__getattr__ = lazy_getattr(_EXPORTS, __name__, fallback="mindspore.nn")
-__dir__ = lazy_dir(_EXPORTS, fallback="mindspore.nn")
+__all__ = sorted({**_EXPORTS, **_EXTRAS})
+__getattr__ = lazy_getattr({**_EXPORTS, **_EXTRAS}, __name__, fallback="mindspore.nn")
+__dir__ = lazy_dir({**_EXPORTS, **_EXTRAS}, fallback="mindspore.nn")

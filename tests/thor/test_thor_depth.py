@@ -16,8 +16,8 @@ by one batched ``MatrixInverse`` per block width, in chunks. Both are checked he
   made small): every loss, parameter and inverse bit for bit those of one inversion per width.
 * The same net updated one parameter after the other (``update.sequential_step``, the default) and
   staged (every preconditioned gradient first): bit for bit the same.
-* Its four 3x3 convolutions call one shared tap Cell (``taps.share_factor_taps``): bit for bit the numbers
-  of a private tap per layer; a layer's own setting (``set_factor_block_size``) copies the shared tap first.
+* Its four 3x3 convolutions call one shared tap Cell (``taps.TapPool``): bit for bit the numbers
+  of a private tap per layer; a layer's own setting (``set_factor_block_size``) gives it a tap of its own.
 """
 import contextlib
 from types import SimpleNamespace
@@ -278,7 +278,7 @@ def test_tap_factor_pass_is_chosen_when_parsed(mode, path):
         assert (tap.schedule_guard is None) == (mode == "graph")
         assert (tap.kernels is not None) == (path == "fused")
         chosen = tap.factor_pass.__func__
-        assert chosen is (taps._FactorTap._fused_pass if fused_graph else taps._FactorTap._flagged_pass)
+        assert chosen is (taps.FactorTap._fused_pass if fused_graph else taps.FactorTap._flagged_pass)
 
 
 def test_a_layer_setting_copies_its_shared_tap():
