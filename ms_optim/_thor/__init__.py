@@ -1,64 +1,63 @@
 """THOR (Trace-based Hardware-driven layer-ORiented natural gradient) for MindSpore, from public ops.
 
 Private implementation package (the public names are ``ms_optim.thor``/``ms_optim.nn.thor``, the THOR
-layers in ``ms_optim.nn`` and ``ms_optim.train_thor``). How the modules fit:
+layers in ``ms_optim.nn`` and ``ms_optim.train_thor``).
 
-``factors.py`` -- the factor math per layer kind: ``<kind>_a(layer input, ...) -> A`` and
-    ``<kind>_g(dL/ds) -> G``, the conv im2col and ``conv_output_geometry``, and the stored (diagonal
-    block) form. The formulas and their normalisation are documented there.
+The path of a ``thor(net, ...)`` call, and the module of each step:
 
-``taps.py`` -- the backward-pass taps that call them: identities whose ``bprop`` computes and stores a
-    layer's factors on THOR steps.
+``factory.py`` -- ``thor()``: ``config.validate_thor`` (every argument checked once, into a frozen
+    ``ThorConfig``), then ``build_thor``: ``convert.convert_net`` (the layers, complete), then the optimizer.
 
-``conventions.py`` -- ``thor(..., factor_convention=...)``: MindSpore's GPU and Ascend normalisations
-    of A, G and the damping (or KFC), as batch means and scalar factors the taps apply; ``"auto"``
-    resolves by device target. The exact formulas, and what of MindSpore's is not reproduced, are there.
+``config.py`` -- ``ThorConfig`` and ``validate_thor``; the data-parallel group size is read there, once.
 
-``layers.py`` -- ``DenseThor``, ``Conv2dThor``, ``EmbeddingThor`` (subclasses of ``ThorLayer``):
-    state and forward only. Each layer owns, as non-trainable Parameters, ``matrix_a_cov`` (A),
-    ``matrix_g_cov`` (G, carrying the square of the loss scale of its backward pass) and
-    ``thor_flag``; ``ThorLayer.from_cell(cell)`` builds one from a plain layer reusing its Parameters.
+``modes.py`` -- the named constants: conventions, inverse modes, layer kinds, gradient treatments, G rules,
+    inversion strategies.
 
-``convert.py`` -- THE rule of which cells become THOR layers (``thor_class_for``: exact plain type,
-    conv group 1 and NCHW, weight ``requires_grad``; ``thor_candidates``/``count_thor_cells``) and
-    ``ConvertNetUtils().convert_to_thor_net(net)``, which applies it in place.
+``kinds.py`` -- one spec per layer kind (Dense, Conv2d, Conv1d, Embedding; the LayerNorm rule): its plain
+    type, dims, gradient treatment, convention multipliers and factor computation (composite and fused).
+    A new kind is a spec and one line of registration, plus its public THOR layer class.
 
-``factory.py`` -- ``thor(net, learning_rate, damping, momentum, ...)``: validates every argument,
-    THEN converts ``net``, THEN builds the optimizer. Nothing else converts.
+``layer_base.py``, ``layers.py`` -- ``ThorLayer`` and ``DenseThor``, ``Conv2dThor``, ``Conv1dThor``,
+    ``EmbeddingThor``: state (``matrix_a_cov``, ``matrix_g_cov``, ``thor_flag``) and forward only.
 
-``optimizer.py`` -- ``ThorOptimizer``: state (one ``LayerSlot`` per THOR layer, the inverses, the
-    momentum buffers ``moments.``) and the step (update rule in its docstring). It receives the
-    converted net and its layers; it never validates or converts.
+``taps.py`` -- ``FactorTap``, one class over a kind's spec: the identity whose ``bprop`` computes and
+    stores a layer's factors on THOR steps; ``TapSettings`` (convention, batch size, block width, schedule
+    guard) given when a layer is made; ``ScheduleGuard``.
 
-``slot.py`` -- ``LayerSlot`` (the optimizer's per-layer constants and stored inverses) and
-    ``layer_inverses``/``invert_layer``, the damped inversion of one layer's factors on a THOR step.
+``factors.py``, ``factor_kernels.py`` -- the factor math (composite ops) and THOR's fused CPU ops
+    (``FactorKernels``); ``factors.factor_blocks`` is the one block geometry.
 
-``device_rules.py`` -- what MindSpore's ``ThorGpu``/``ThorAscend`` do to the inverses under "gpu"/"ascend"
-    (GPU's embedding product ``L^-1 L^-1``, Ascend's max-abs scale and 2-output ``Ginv = I``), per layer.
+``conventions.py`` -- ``factor_convention``: MindSpore's GPU and Ascend normalisations, or KFC; ``"auto"``
+    resolves by device target.
 
-``averaging.py`` -- their data-parallel rule: every rank inverts its own factors and the inverses are
-    mean-all-reduced (``"kfc"`` averages the factors instead, ``parallel.py``).
+``convert.py`` -- THE rule of which cells become THOR layers (``thor_class_for``, ``thor_candidates``) and
+    ``convert_net``/``ConvertNetUtils().convert_to_thor_net``, which apply it in place.
 
-``grouped.py`` -- ``GroupedInversion``: a THOR step's damped inversions when every layer is inverted
-    (no trace rule, no inverse sharing): on CPU one fused op per factor (damp, invert in double, check,
-    store: ``MsOptimBlockInverse``); elsewhere the factors' diagonal blocks of one width, of every layer, as
-    batched inversions of chunks of whole factors (``CHUNK_BYTES``, one chunk after the other). Either way
-    the compiled graph holds no branch per layer and the step's temporaries do not grow with depth.
+``optimizer.py`` -- ``ThorOptimizer(net, layers, config)``: one complete ``LayerSlot`` per layer, one inversion
+    strategy, and the step: schedule, on a THOR step ``self.inversion(...)``, update, flags.
 
-``trace.py`` -- THOR's trace rule (``trace_thresholds``): per layer, from the change of the trace of
-    its FIM block since its last inversion, whether a THOR step re-inverts it; its state Parameters.
+``slot.py`` -- ``LayerSlot`` (a layer's constants, its inverse rule and stored inverses) and
+    ``invert_layer``, the damped inversion of one layer's factors.
+
+``inversion.py`` -- ``choose_strategy``/``build_inversion``: the strategy Cell, chosen when the optimizer is
+    built, all with one call ``strategy(anchor, lam, factor_loss_scale)``:
+    ``grouped.py`` (``BATCHED``: every layer at once, fused per factor on CPU, batched per block width
+    elsewhere), ``layerwise.py`` (``PER_LAYER``: MindSpore's device rules, the trace rule), ``shared.py``
+    (``SHARED``: ``distribute_inverses`` on R > 1 ranks, with ``sharing.py``'s owners and counter),
+    ``averaging.py`` (``AVERAGED``: "gpu"/"ascend" on R > 1 ranks, MindSpore's inverse averaging).
+
+``device_rules.py`` -- what MindSpore's ``ThorGpu``/``ThorAscend`` do to the inverses (``InverseRule`` per layer).
+
+``trace.py`` -- THOR's trace rule (``trace_thresholds``): its state and the per-layer decision.
 
 ``preconditioner.py`` -- damping, (blocked) inverses and the G^-1 dW A^-1 products, pure functions.
 
-``update.py`` -- the rules after preconditioning (weight decay, unit-norm clip, momentum, Nesterov) and
-    ``sequential_step``: precondition, decay and momentum one parameter after the other.
+``update.py`` -- the rules after preconditioning (weight decay, unit-norm clip, momentum, Nesterov).
 
-``parallel.py`` -- ``FactorAllReduce``: mean all-reduce of factors in fusion groups split at
-    ``split_indices``; identity on a single device.
+``parallel.py`` -- the collectives' one builder (``sum_allreduce``) and ``FactorAllReduce``, the mean
+    all-reduce of factors in fusion groups split at ``split_indices``.
 
-``sharing.py`` -- ``InverseSharing`` (``distribute_inverses``): which rank inverts which layer
-    (cost-balanced, the same on every rank), the inversion counter, and the AllReduce that shares the
-    inverses.
+``kl_clip.py`` -- KL clipping (``kl_clip``).
 
 ``model.py`` -- ``ModelThor`` (the dataset-sink loop, implemented here for every backend) and
     ``ConvertModelUtils.convert_to_thor_model``.
