@@ -3,28 +3,43 @@
 Private implementation package (the public names are ``ms_optim.thor``/``ms_optim.nn.thor``, the THOR
 layers in ``ms_optim.nn`` and ``ms_optim.train_thor``). How the modules fit:
 
-``factors.py`` -- the factor math per layer kind: ``<kind>_a(layer input, ...) -> A`` and
-    ``<kind>_g(dL/ds) -> G``, the conv im2col and ``conv_output_geometry``, and the stored (diagonal
-    block) form. The formulas and their normalisation are documented there.
+``kinds.py`` -- one spec per layer kind (Dense, Conv2d, Conv1d, Embedding; the LayerNorm rule's facts):
+    the plain type and structure rule, the weight, the factor sizes, whether A is diagonal, the gradient
+    treatment, the conventions it converts under, the convention multipliers and the factor computation
+    (composite and fused). A kind is a spec plus one ``@kinds.register`` line on its THOR layer class.
 
-``taps.py`` -- the backward-pass taps that call them: identities whose ``bprop`` computes and stores a
-    layer's factors on THOR steps.
+``factors.py`` -- the factor math the specs call: ``<kind>_a(layer input, ...) -> A`` and
+    ``<kind>_g(dL/ds) -> G``, the conv im2col and ``conv_output_geometry``, and the stored (diagonal
+    block) form, whose geometry ``factor_blocks`` computes for everyone. The formulas and their
+    normalisation are documented there.
+
+``taps.py`` -- ``FactorTap``, the one backward-pass tap class, over a spec, the layer's geometry and the
+    ``TapSettings`` of its conversion (convention, ``batch_size``, block width, schedule guard): an
+    identity whose ``bprop`` computes and stores a layer's factors on THOR steps; ``TapPool`` shares one
+    tap among the layers of a conversion that compute alike.
 
 ``conventions.py`` -- ``thor(..., factor_convention=...)``: MindSpore's GPU and Ascend normalisations
-    of A, G and the damping (or KFC), as batch means and scalar factors the taps apply; ``"auto"``
-    resolves by device target. The exact formulas, and what of MindSpore's is not reproduced, are there.
+    of A, G and the damping (or KFC); ``"auto"`` resolves by device target. The exact formulas, and what
+    of MindSpore's is not reproduced, are there (each kind's multipliers are in ``kinds.py``).
 
-``layers.py`` -- ``DenseThor``, ``Conv2dThor``, ``EmbeddingThor`` (subclasses of ``ThorLayer``):
-    state and forward only. Each layer owns, as non-trainable Parameters, ``matrix_a_cov`` (A),
-    ``matrix_g_cov`` (G, carrying the square of the loss scale of its backward pass) and
-    ``thor_flag``; ``ThorLayer.from_cell(cell)`` builds one from a plain layer reusing its Parameters.
+``factor_kernels.py`` -- the fused CPU ops (``FactorKernels``: the factors' grams and counts, the blocked
+    preconditioning and inversions), compiled C++ behind ``ops.Custom``.
 
-``convert.py`` -- THE rule of which cells become THOR layers (``thor_class_for``: exact plain type,
-    conv group 1 and NCHW, weight ``requires_grad``; ``thor_candidates``/``count_thor_cells``) and
-    ``ConvertNetUtils().convert_to_thor_net(net)``, which applies it in place.
+``layer_base.py``, ``layers.py`` -- ``ThorLayer`` and ``DenseThor``, ``Conv2dThor``, ``Conv1dThor``,
+    ``EmbeddingThor``: state and forward only. Each layer owns, as non-trainable Parameters,
+    ``matrix_a_cov`` (A), ``matrix_g_cov`` (G, carrying the square of the loss scale of its backward
+    pass) and ``thor_flag``; ``ThorLayer.from_cell(cell, settings=...)`` builds one from a plain layer
+    reusing its Parameters, complete (factor shapes of its block width, its tap's settings).
+
+``convert.py`` -- THE rule of which cells become THOR layers (``thor_class_for(cell, convention)``:
+    a registered spec's structure rule, the spec's conventions, weight ``requires_grad``;
+    ``thor_candidates``/``count_thor_cells``), ``convert_net(net, settings)``, which applies it in place
+    with ``thor()``'s settings and returns the layers, and ``ConvertNetUtils().convert_to_thor_net(net)``
+    (MindSpore's, the default settings).
 
 ``factory.py`` -- ``thor(net, learning_rate, damping, momentum, ...)``: validates every argument,
-    THEN converts ``net``, THEN builds the optimizer. Nothing else converts.
+    THEN converts ``net`` (``convert_net``, the layers built with their final settings), THEN builds the
+    optimizer. Nothing else converts, and nothing touches the layers after conversion.
 
 ``optimizer.py`` -- ``ThorOptimizer``: state (one ``LayerSlot`` per THOR layer, the inverses, the
     momentum buffers ``moments.``) and the step (update rule in its docstring). It receives the
