@@ -234,6 +234,16 @@ class Conv1dThor(_ConvThor):
         ValueError: if a size does not fit int32, or ``weight_init``/``bias_init`` is a NaN or infinite
             number (``ms_optim._thor.layer_args``).
         ValueError: if ``group`` is not 1 (keep grouped convolutions as ``nn.Conv1d``).
+
+    Examples:
+        >>> import numpy as np
+        >>> from mindspore import Tensor
+        >>> from ms_optim.nn import Conv1dThor
+        >>> layer = Conv1dThor(2, 3, 3, pad_mode="pad", padding=1, has_bias=True)
+        >>> layer(Tensor(np.ones((4, 2, 8), np.float32))).shape
+        (4, 3, 8)
+        >>> layer.weight.shape, layer.matrix_a_cov.shape, layer.matrix_g_cov.shape
+        ((3, 2, 1, 3), (6, 6), (3, 3))
     """
 
     spec = kinds.CONV1D
