@@ -99,8 +99,14 @@ def convert_net(net: nn.Cell, settings: TapSettings = DEFAULT_SETTINGS) -> List[
 
     Raises:
         TypeError: if ``net`` is not a Cell.
+        ValueError: if ``settings.convention`` is not a concrete convention (gpu, ascend or kfc: ``thor()``
+            resolves ``"auto"`` first).
     """
     check_type("net", net, nn.Cell, "convert_net", what="a Cell")
+    if settings.convention not in Convention.CONCRETE:
+        allowed = ", ".join(repr(c) for c in Convention.CONCRETE)
+        raise ValueError(f"For 'convert_net', the argument 'settings.convention' must be one of {allowed}, "
+                         f"but got {settings.convention!r}.")
     taps = TapPool()
     made = ConvertNetUtils()._convert(net, settings, taps)  # pylint: disable=protected-access
     found = [cell for _, cell in thor_candidates(net, settings.convention)]
