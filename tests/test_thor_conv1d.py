@@ -204,8 +204,8 @@ def test_conversion_converts_conv1d_under_kfc_only(convention):
 
 def test_thor_leaves_conv1d_first_order_under_gpu(rng):
     """thor(..., factor_convention="gpu"): the nn.Conv1d stays plain and is no THOR layer of the optimizer;
-    under "kfc" (the default on CPU) it is converted and preconditioned; ConvertNetUtils (MindSpore's signature, the
-    default settings) converts it."""
+    under "kfc" (the default on CPU) it is converted and preconditioned; ConvertNetUtils (MindSpore's
+    signature, the default settings) converts it."""
     lr, damping = Tensor(np.float32(0.1)), Tensor(np.float32(0.03))
     net = _mixed()
     opt = thor(net, lr, damping, 0.9, batch_size=4, factor_convention="gpu")
