@@ -1,11 +1,11 @@
-"""Convert a network's ``nn.Dense``/``nn.Conv2d``/``nn.Conv1d``/``nn.Embedding`` layers to THOR layers, in place.
+"""Convert a network's ``nn.Dense``/``nn.Conv2d``/``nn.Conv1d``/``nn.Embedding`` layers to THOR layers.
 
 :func:`convert_net` (``thor()``'s) and ``ConvertNetUtils().convert_to_thor_net(net)`` walk every cell
 reachable from ``net`` (nested Cells, ``SequentialCell``, ``CellList``, ``CellDict``, cells held as
-attributes) and replace each supported layer by its THOR twin built with ``ThorLayer.from_cell``, which
-*reuses* the layer's Parameter objects, with its final settings (``taps.TapSettings``: convention,
-``batch_size``, block width, schedule guard; ``convert_to_thor_net`` uses the defaults) and a tap shared
-with the layers of the same geometry (``taps.TapPool``). Hence:
+attributes) and replace, in place, each supported layer by its THOR twin built with
+``ThorLayer.from_cell``, which *reuses* the layer's Parameter objects, with its final settings
+(``taps.TapSettings``: convention, ``batch_size``, block width, schedule guard; ``convert_to_thor_net`` uses
+the defaults) and a tap shared with the layers of the same geometry (``taps.TapPool``). Hence:
 
 * weights, biases, dtypes and Parameter names are unchanged (a checkpoint of the converted net loads
   into the plain net and back; the THOR layers only add ``matrix_a_cov``, ``matrix_g_cov`` and
@@ -99,8 +99,14 @@ def convert_net(net: nn.Cell, settings: TapSettings = DEFAULT_SETTINGS) -> List[
 
     Raises:
         TypeError: if ``net`` is not a Cell.
+        ValueError: if ``settings.convention`` is not a concrete convention (gpu, ascend or kfc: ``thor()``
+            resolves ``"auto"`` first).
     """
     check_type("net", net, nn.Cell, "convert_net", what="a Cell")
+    if settings.convention not in Convention.CONCRETE:
+        allowed = ", ".join(repr(c) for c in Convention.CONCRETE)
+        raise ValueError(f"For 'convert_net', the argument 'settings.convention' must be one of {allowed}, "
+                         f"but got {settings.convention!r}.")
     taps = TapPool()
     made = ConvertNetUtils()._convert(net, settings, taps)  # pylint: disable=protected-access
     found = [cell for _, cell in thor_candidates(net, settings.convention)]
@@ -115,7 +121,7 @@ class ConvertNetUtils:
 
     @classmethod
     def thor_candidates(cls, net: nn.Cell) -> List[Tuple[str, nn.Cell]]:
-        """:func:`thor_candidates` of ``net`` (checked to be a Cell) under the default convention, ``"kfc"``."""
+        """:func:`thor_candidates` of ``net`` (checked to be a Cell) under the default convention (kfc)."""
         check_type("net", net, nn.Cell, cls.__name__, what="a Cell")
         return thor_candidates(net)
 
@@ -155,7 +161,8 @@ class ConvertNetUtils:
                 if cls is None:
                     self._convert_children(child, replaced, visited, context)
                     continue
-                new = cls.from_cell(child, self._factor_prefix(cls, child, names_in_use, paths), settings, taps)
+                prefix = self._factor_prefix(cls, child, names_in_use, paths)
+                new = cls.from_cell(child, prefix, settings, taps)
                 self._copy_cell_state(child, new)
                 replaced[id(child)] = new
             self._swap_child(parent, key, child, new)
@@ -174,7 +181,8 @@ class ConvertNetUtils:
             if not any(name in names_in_use for name in names):
                 names_in_use.update(names)
                 return prefix
-        raise RuntimeError(f"{type(self).__name__}: no free parameter name for the THOR factors of '{weight_name}'.")
+        raise RuntimeError(f"{type(self).__name__}: no free parameter name for the THOR factors of "
+                           f"'{weight_name}'.")
 
     @staticmethod
     def _copy_cell_state(old: nn.Cell, new: ThorLayer) -> None:

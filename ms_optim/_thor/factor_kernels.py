@@ -62,7 +62,8 @@ _unavailable: Optional[str] = None
 
 
 class _FactorCustom(_fused._InplaceCustom):  # pylint: disable=protected-access
-    """``(factor, input, flag, plan) -> written[1]``, writing ``factor`` in place (as the fused optimizer ops)."""
+    """``(factor, input, flag, plan) -> written[1]``, writing ``factor`` in place (as the fused optimizer
+    ops)."""
 
     __mindspore_signature__ = _fused._signature(4, 1)  # pylint: disable=protected-access
 
@@ -94,7 +95,8 @@ def _ops(path: str) -> FactorKernels:
     inverse_out = ops.Custom(f"{path}:MsOptimBlockInverseOut",
                              out_shape=lambda factor, lam, scale, plan: [factor, [1]],
                              out_dtype=lambda *dtypes: [ms.float32, ms.float32], func_type="aot")
-    return FactorKernels(*factor_ops, precondition, _InverseCustom(f"{path}:MsOptimBlockInverse"), inverse_out)
+    block_inverse = _InverseCustom(f"{path}:MsOptimBlockInverse")
+    return FactorKernels(*factor_ops, precondition, block_inverse, inverse_out)
 
 
 def _onednn_sgemm() -> int:
@@ -117,9 +119,9 @@ def _load() -> Optional[FactorKernels]:
         _kernels = _ops(path)
     except (OSError, AttributeError, TypeError, ValueError, RuntimeError) as error:
         _unavailable = " ".join(str(error).split())[:300]
-        warnings.warn(f"ms_optim: THOR's fused factor kernels unavailable ({_unavailable}); the factor taps use "
-                      f"composite ops (same results, larger graphs). Set MS_OPTIM_FUSED=0 to choose them and "
-                      f"silence this warning.", _fused.FusedKernelWarning, stacklevel=3)
+        warnings.warn(f"ms_optim: THOR's fused factor kernels unavailable ({_unavailable}); the factor taps "
+                      f"use composite ops (same results, larger graphs). Set MS_OPTIM_FUSED=0 to choose them "
+                      f"and silence this warning.", _fused.FusedKernelWarning, stacklevel=3)
     return _kernels
 
 
@@ -135,13 +137,13 @@ def factor_kernels() -> Optional[FactorKernels]:
 
 
 @constexpr
-def patch_plan_tensor(shape, kernel_size, stride, dilation, pad_mode: str, padding, block_size, multiplier: float,
-                      per_position: bool) -> Tensor:
+def patch_plan_tensor(shape, kernel_size, stride, dilation, pad_mode: str, padding, block_size,
+                      multiplier: float, per_position: bool) -> Tensor:
     """``MsOptimPatchGram``'s plan for an NCHW input of ``shape`` (B, C, H, W) and a conv geometry, as one
     constant (with :data:`PANEL_FLOATS`). The scale is ``multiplier / (B * Ho * Wo)`` (``per_position``: a
     conv's A) or ``multiplier * B`` (a conv's G, over the positions of dL/ds)."""
-    top, _, left, _, out_h, out_w = conv_output_geometry(shape[2], shape[3], kernel_size, stride, dilation, pad_mode,
-                                                         padding)
+    top, _, left, _, out_h, out_w = conv_output_geometry(shape[2], shape[3], kernel_size, stride, dilation,
+                                                         pad_mode, padding)
     scale = multiplier / (shape[0] * out_h * out_w) if per_position else multiplier * shape[0]
     nblocks, bs = factor_blocks(shape[1] * kernel_size[0] * kernel_size[1], block_size)
     return _plan(scale, *kernel_size, *stride, *dilation, top, left, out_h, out_w, nblocks, bs, PANEL_FLOATS)

@@ -1,8 +1,9 @@
 """THOR's Kronecker factors per layer kind: the math, apart from the layer classes.
 
 Each kind has two small functions, ``<kind>_a(layer input, ...) -> A`` and ``<kind>_g(dL/ds) -> G``
-(float32 results, whatever the input dtype), and a tap Cell that calls them in the backward pass.
-The layers (``layers.py``) only own the state (the factor Parameters and the flag) and the forward.
+(float32 results, whatever the input dtype), which its spec (``kinds.py``) calls, with the multipliers
+of a factor convention, when the tap (``taps.py``) runs the backward pass. The layers (``layers.py``)
+only own the state (the factor Parameters and the flag) and the forward.
 
 Notation. The loss L is a mean over the samples of a batch. ``a`` are the layer's inputs, ``s`` its
 pre-activation outputs, ``d = dL/ds`` the gradient reaching ``s`` in the backward pass.
@@ -32,6 +33,9 @@ pre-activation outputs, ``d = dL/ds`` the gradient reaching ``s`` in the backwar
   averages the output gradients over the batch *before* the outer product, and its Ascend layer
   divides G by T; neither is the Fisher approximation the THOR paper states. Both are available as
   ``thor(..., factor_convention="gpu"/"ascend")``: ``ms_optim._thor.conventions``.)
+* Conv1d (``kind == "conv1d"``, group 1). ``nn.Conv1d`` runs ``Conv2D`` on its input with a height-1
+  axis, with a ``(1, k)`` kernel, and so does ``Conv1dThor``: its factors are the Conv2d ones above of
+  that 4-D convolution, T = L_out the output length, patches of size ``C_in*k``.
 * Embedding (``kind == "embedding"``). The ``N`` ids (all dimensions flattened, ``N = B*T`` for
   ids of shape ``(B, T)``) each count as one sample, as for Dense::
 
@@ -44,10 +48,11 @@ Storage: the diagonal blocks only. Blocked THOR (``inverse="blocked"``, the defa
 diagonal blocks of A and G, so a factor of size ``n`` with a block width ``bs < n`` is computed and
 stored as those blocks, ``(nblocks, bs, bs)`` with ``nblocks = ceil(n / bs)`` (the last block
 zero-padded past ``n``), never as the ``n x n`` matrix; with ``n <= bs`` (or ``block_size=None``, the
-whole matrix: ``inverse="full"``) it is the ``(n, n)`` matrix itself (:func:`factor_blocks`,
-:func:`stored_shape`). For a conv this is the difference that matters: a 3x3 conv with 512 input
-channels has ``n = 4608`` and its A is 85 MB, its 36 diagonal blocks of 128 are 2.4 MB and cost 36
-times fewer flops. The conv factors are formed without a transpose of the patch matrix: with the
+whole matrix: ``inverse="full"``) it is the ``(n, n)`` matrix itself. :func:`factor_blocks` is the one
+place this block geometry is computed (:func:`stored_shape`, the fused ops' plans and the optimizer's
+``preconditioner.BlockLayout`` take it from there). For a conv this is the difference that matters: a 3x3 conv
+with 512 input channels has ``n = 4608`` and its A is 85 MB, its 36 diagonal blocks of 128 are 2.4 MB and cost
+36 times fewer flops. The conv factors are formed without a transpose of the patch matrix: with the
 patches laid out as ``(B, n, T)`` (channel-major, as the input is), each block is a batched
 ``p_b p_b^T`` summed over the batch (MindSpore's CPU ``Transpose`` kernel allocates an index table
 1.8 times the size of its input when the graph is compiled, which made a ResNet-50 graph's
@@ -58,7 +63,7 @@ computed from the gradient *as it reaches the layer*: under a loss scale ``S`` i
 the formula above (the optimizer divides it out). A factor that comes out non-finite (a loss-scale
 overflow) is not stored: the previous one is kept.
 
-The backward-pass taps that call these functions are in ``taps.py``.
+The backward-pass tap that has these functions called is ``taps.FactorTap``.
 
 Shape planning. The helpers that only compute numbers from static shapes
 (:func:`conv_output_geometry`, :func:`factor_blocks`, :func:`gram_plan`, :func:`patch_plan`,
@@ -104,8 +109,8 @@ Pair = Tuple[int, int]
 
 
 @constexpr
-def conv_output_geometry(height: int, width: int, kernel_size: Pair, stride: Pair, dilation: Pair, pad_mode: str,
-                         padding) -> Tuple[int, int, int, int, int, int]:
+def conv_output_geometry(height: int, width: int, kernel_size: Pair, stride: Pair, dilation: Pair,
+                         pad_mode: str, padding) -> Tuple[int, int, int, int, int, int]:
     """Output size and explicit paddings of a 2-D convolution, as ``ops.Conv2D`` computes them.
 
     Returns ``(pad_top, pad_bottom, pad_left, pad_right, out_height, out_width)``. With the
@@ -142,14 +147,15 @@ def conv_output_geometry(height: int, width: int, kernel_size: Pair, stride: Pai
 @constexpr
 def factor_blocks(n: int, block_size: Optional[int]) -> Tuple[int, int]:
     """``(nblocks, bs)`` of a factor of size ``n``: ``bs = min(block_size, n)``, ``nblocks = ceil(n / bs)``;
-    ``block_size=None`` is the whole matrix, ``(1, n)`` (a ``constexpr``: see "Shape planning")."""
+    ``block_size=None`` is the whole matrix, ``(1, n)``. THE block geometry of THOR's factors (stored
+    shapes, plans, inverses); a ``constexpr`` (see "Shape planning"), a plain function from Python."""
     if block_size is None or block_size >= n:
-        return 1, n
-    return (n + block_size - 1) // block_size, block_size
+        return 1, int(n)
+    return (n + block_size - 1) // block_size, int(block_size)
 
 
 def stored_shape(n: int, block_size: Optional[int]) -> Tuple[int, ...]:
-    """Shape a factor of size ``n`` is stored in: ``(n, n)`` if it is one block, else ``(nblocks, bs, bs)``."""
+    """Shape a factor of size ``n`` is stored in: ``(n, n)`` if one block, else ``(nblocks, bs, bs)``."""
     nblocks, bs = factor_blocks(n, block_size)
     return (int(n), int(n)) if nblocks == 1 else (nblocks, bs, bs)
 
@@ -247,7 +253,7 @@ def _scale(value, factor):
 
 
 def row_gram(rows, factor):
-    """``factor * rows^T rows`` in float32, for ``rows`` of shape ``(n, k)`` and a Python number ``factor``."""
+    """``factor * rows^T rows`` in float32, for ``(n, k)`` rows and a Python number ``factor``."""
     rows = ops.cast(rows, _F32)
     return _scale(_GRAM(rows, rows), factor)
 
@@ -282,19 +288,22 @@ def conv_patches(x, kernel_size: Pair, stride: Pair, dilation: Pair, pad_mode: s
     """
     x = ops.cast(x, _F32)
     batch, channels, height, width = x.shape
-    pad, im2col_pads, crop, positions = patch_plan(height, width, kernel_size, stride, dilation, pad_mode, padding)
+    pad, im2col_pads, crop, positions = patch_plan(height, width, kernel_size, stride, dilation, pad_mode,
+                                                   padding)
     if pad is not None:
         x = zero_pad(x, pad)
     if im2col_pads is None:  # a 1x1 kernel: the (strided) input itself
         if crop is not None:
             x = x[:, :, 0:crop[0]:stride[0], 0:crop[1]:stride[1]]
         return ops.reshape(x, (batch, channels, positions))
-    cols = ops.Im2Col(ksizes=kernel_size, strides=stride, dilations=dilation, pads=im2col_pads)(x)  # (B, C, kh*kw, T)
+    # (B, C, kh*kw, T)
+    cols = ops.Im2Col(ksizes=kernel_size, strides=stride, dilations=dilation, pads=im2col_pads)(x)
     return ops.reshape(cols, (batch, channels * kernel_size[0] * kernel_size[1], positions))
 
 
 @constexpr
-def patch_plan(height: int, width: int, kernel_size: Pair, stride: Pair, dilation: Pair, pad_mode: str, padding):
+def patch_plan(height: int, width: int, kernel_size: Pair, stride: Pair, dilation: Pair, pad_mode: str,
+               padding):
     """How :func:`conv_patches` cuts an input of ``height x width``: ``(pad, im2col_pads, crop, positions)``.
 
     ``pad``: the ``(left, right, top, bottom)`` for :func:`zero_pad` first, or None (a 1x1 kernel's padding;
@@ -302,8 +311,8 @@ def patch_plan(height: int, width: int, kernel_size: Pair, stride: Pair, dilatio
     ``(top, left)``, None for a 1x1 kernel; ``crop``: for a 1x1 kernel whose output is not the (padded)
     input, the ends ``(h, w)`` of the strided slice, else None; ``positions = Ho * Wo``.
     """
-    top, bottom, left, right, out_h, out_w = conv_output_geometry(height, width, kernel_size, stride, dilation,
-                                                                  pad_mode, padding)
+    top, bottom, left, right, out_h, out_w = conv_output_geometry(height, width, kernel_size, stride,
+                                                                  dilation, pad_mode, padding)
     pad = (left, right, top, bottom) if top + bottom + left + right > 0 else None
     crop = None
     if kernel_size[0] * kernel_size[1] == 1:
@@ -330,7 +339,8 @@ def patch_chunk_size(batch: int, patch_bytes: int) -> int:
 
 
 @constexpr
-def conv_a_plan(shape, kernel_size: Pair, stride: Pair, dilation: Pair, pad_mode: str, padding) -> Tuple[float, int]:
+def conv_a_plan(shape, kernel_size: Pair, stride: Pair, dilation: Pair, pad_mode: str,
+                padding) -> Tuple[float, int]:
     """``(1 / (B * Ho * Wo), samples per chunk)`` of :func:`conv_a` for an NCHW input of ``shape``."""
     batch, channels, height, width = shape
     positions = patch_plan(height, width, kernel_size, stride, dilation, pad_mode, padding)[3]
@@ -350,17 +360,20 @@ def conv_a(x, kernel_size: Pair, stride: Pair, dilation: Pair, pad_mode: str, pa
     batch = x.shape[0]
     factor, size = conv_a_plan(x.shape, kernel_size, stride, dilation, pad_mode, padding)
     if size >= batch:
-        return batch_gram(conv_patches(x, kernel_size, stride, dilation, pad_mode, padding), factor, block_size)
-    total = batch_gram(conv_patches(x[0:size], kernel_size, stride, dilation, pad_mode, padding), factor, block_size)
+        return batch_gram(conv_patches(x, kernel_size, stride, dilation, pad_mode, padding), factor,
+                          block_size)
+    total = batch_gram(conv_patches(x[0:size], kernel_size, stride, dilation, pad_mode, padding), factor,
+                       block_size)
     for start in range(size, batch, size):  # the last chunk may be smaller
         part = ops.depend(x[start:start + size], total)
-        total = total + batch_gram(conv_patches(part, kernel_size, stride, dilation, pad_mode, padding), factor,
-                                   block_size)
+        patches = conv_patches(part, kernel_size, stride, dilation, pad_mode, padding)
+        total = total + batch_gram(patches, factor, block_size)
     return total
 
 
 def conv_g(ds, block_size: Optional[int] = None):
-    """Conv G from the NCHW dL/ds ``(B, C_out, Ho, Wo)``: ``B * sum d d^T`` over batch and positions (stored form)."""
+    """Conv G from the NCHW dL/ds ``(B, C_out, Ho, Wo)``: ``B * sum d d^T`` over batch and positions
+    (stored form)."""
     batch, channels = ds.shape[0], ds.shape[1]
     return batch_gram(ops.reshape(ds, (batch, channels, -1)), batch, block_size)
 

@@ -39,9 +39,9 @@ from ms_optim._thor import factors as fm
 from ms_optim._thor.factor_kernels import count_plan_tensor, patch_plan_tensor, row_plan_tensor
 from ms_optim._thor.modes import Convention, Kind, Treatment
 
-__all__ = ["KindSpec", "DenseSpec", "ConvSpec", "Conv1dSpec", "EmbeddingSpec", "LayerNormRule", "DENSE", "CONV",
-           "CONV1D", "EMBEDDING", "LAYERNORM", "register", "registered", "dense_scales", "conv_scales",
-           "embedding_scales"]
+__all__ = ["KindSpec", "DenseSpec", "ConvSpec", "Conv1dSpec", "EmbeddingSpec", "LayerNormRule", "DENSE",
+           "CONV", "CONV1D", "EMBEDDING", "LAYERNORM", "register", "registered", "dense_scales",
+           "conv_scales", "embedding_scales"]
 
 
 # ----------------------------------------------------------------------------- convention multipliers
@@ -91,7 +91,7 @@ def scaled(value, factor: float):
 
 
 def conv_input(convention: str, x):
-    """The conv input (or dL/ds) whose patches make A (or G): its batch mean, keeping a batch of 1, for gpu."""
+    """The conv input (or dL/ds) whose patches make A (or G): for gpu its batch mean, keeping a batch of 1."""
     if convention == Convention.GPU:
         return ops.mean(ops.cast(x, mstype.float32), 0, True)
     return x
@@ -267,7 +267,8 @@ class EmbeddingSpec(KindSpec):
         return scaled(fm.embedding_g(ds, block_size), embedding_scales(convention, bs, ds.shape[0])[1])
 
     def a_fused(self, op, a_cov, x, flag, geometry, convention, bs, block_size):
-        return op(a_cov, x, flag, count_plan_tensor(x.shape[0], embedding_scales(convention, bs, x.shape[0])[0]))
+        scale = embedding_scales(convention, bs, x.shape[0])[0]
+        return op(a_cov, x, flag, count_plan_tensor(x.shape[0], scale))
 
     def g_fused(self, op, g_cov, ds, flag, geometry, convention, bs, block_size):
         scale = embedding_scales(convention, bs, ds.shape[0])[1]

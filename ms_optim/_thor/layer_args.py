@@ -1,5 +1,6 @@
-"""Checks of the THOR layers' numeric constructor arguments that ``nn.Dense``/``nn.Conv2d``/``nn.Embedding``
-do not make (or make with a message that does not name the argument); run before the plain layer is built.
+"""Checks of the THOR layers' numeric constructor arguments that ``nn.Dense``/``nn.Conv2d``/``nn.Conv1d``/
+``nn.Embedding`` do not make (or make with a message that does not name the argument); run before the plain
+layer is built.
 
 * sizes and geometry (channels, vocab/embedding sizes, kernel, stride, dilation, padding, group,
   padding_idx) must fit int32: a larger int is a ValueError naming the argument (the ops would wrap);
@@ -35,8 +36,8 @@ def check_int32(cls_name: str, name: str, value: Any) -> None:
     """An int argument (or every int of a tuple) must be within int32; other types are left alone."""
     for item in (value if isinstance(value, tuple) else (value,)):
         if _is_int(item) and not -_INT32_MAX - 1 <= item <= _INT32_MAX:
-            raise ValueError(f"For '{cls_name}', the argument '{name}' must fit int32 (|value| <= {_INT32_MAX}), "
-                             f"but got {value!r}.")
+            raise ValueError(f"For '{cls_name}', the argument '{name}' must fit int32 "
+                             f"(|value| <= {_INT32_MAX}), but got {value!r}.")
 
 
 def check_int(cls_name: str, name: str, value: Any) -> None:
@@ -54,7 +55,7 @@ def check_positive_int(cls_name: str, name: str, value: Any) -> None:
 
 
 def check_int_or_tuple(cls_name: str, name: str, value: Any) -> None:
-    """``kernel_size``/``stride``/``dilation``: a Python int or a tuple of Python ints, each >= 1, within int32."""
+    """``kernel_size``/``stride``/``dilation``: a Python int or a tuple of Python ints, each >= 1, int32."""
     items = value if isinstance(value, tuple) else (value,)
     if not items or not all(isinstance(item, int) and not isinstance(item, bool) for item in items):
         raise TypeError(f"For '{cls_name}', the argument '{name}' must be an int or a tuple of ints, "
@@ -80,5 +81,5 @@ def check_init_number(cls_name: str, name: str, value: Any) -> None:
     """A number used as a constant initializer must be finite (strings, Tensors, Initializers pass)."""
     if isinstance(value, numbers.Real) and not isinstance(value, bool):
         if not math.isfinite(float(value)) or abs(float(value)) > _FLOAT32_MAX:
-            raise ValueError(f"For '{cls_name}', the argument '{name}' must be a finite float32 number when it is "
-                             f"a number, but got {value!r}.")
+            raise ValueError(f"For '{cls_name}', the argument '{name}' must be a finite float32 number "
+                             f"when it is a number, but got {value!r}.")

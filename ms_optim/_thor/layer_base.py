@@ -25,19 +25,21 @@ class ThorLayer(nn.Cell):
 
     What the optimizer may rely on:
 
-    * ``spec``: the layer kind's spec (``kinds.KindSpec``: ``treatment``, ``a_diagonal``, ...); ``kind``: its
-      ``modes.Kind`` (``"dense"``, ``"conv"``, ``"conv1d"`` or ``"embedding"``); ``a_dim`` / ``g_dim``: the
-      sizes of A, G;
-    * ``weight_param()``: the Parameter whose gradient is preconditioned (``weight`` or ``embedding_table``; conv
-      weights are ``(C_out, C_in, kh, kw)``, A's index is ``c*kh*kw + i*kw + j``, i.e. ``weight.reshape(C_out, -1)``);
-    * ``factor_block_size``: the block width the factors are stored in (None: whole matrices), the settings'
-      ``block_size`` (``thor()``: its ``block_size``, None for ``inverse="full"``); default 128;
-    * ``matrix_a_cov``: float32 Parameter, ``stored_shape(a_dim, factor_block_size)`` (``(a_dim, a_dim)`` if
-      ``a_dim <= factor_block_size``, else the ``(nblocks, bs, bs)`` diagonal blocks, the last zero-padded), or
-      ``(a_dim,)`` (the diagonal of A) when ``spec.a_diagonal``; zeros until the first THOR step;
-    * ``matrix_g_cov``: float32 Parameter, ``stored_shape(g_dim, factor_block_size)``; zeros until the first THOR
-      step; ``loss_scale**2`` times the formula (see ``ms_optim._thor.factors``; both factors in the normalisation
-      of the tap's convention);
+    * ``spec``: the layer kind's spec (``kinds.KindSpec``: ``treatment``, ``a_diagonal``, ...); ``kind``:
+      its ``modes.Kind`` (``"dense"``, ``"conv"``, ``"conv1d"`` or ``"embedding"``); ``a_dim`` / ``g_dim``:
+      the sizes of A, G;
+    * ``weight_param()``: the Parameter whose gradient is preconditioned (``weight`` or ``embedding_table``;
+      conv weights are ``(C_out, C_in, kh, kw)``, A's index is ``c*kh*kw + i*kw + j``, i.e.
+      ``weight.reshape(C_out, -1)``);
+    * ``factor_block_size``: the block width the factors are stored in (None: whole matrices), the
+      settings' ``block_size`` (``thor()``: its ``block_size``, None for ``inverse="full"``); default 128;
+    * ``matrix_a_cov``: float32 Parameter, ``stored_shape(a_dim, factor_block_size)`` (``(a_dim, a_dim)``
+      if ``a_dim <= factor_block_size``, else the ``(nblocks, bs, bs)`` diagonal blocks, the last
+      zero-padded), or ``(a_dim,)`` (the diagonal of A) when ``spec.a_diagonal``; zeros until the first
+      THOR step;
+    * ``matrix_g_cov``: float32 Parameter, ``stored_shape(g_dim, factor_block_size)``; zeros until the
+      first THOR step; ``loss_scale**2`` times the formula (see ``ms_optim._thor.factors``; both factors
+      in the normalisation of the tap's convention);
     * ``thor_flag``: bool scalar Parameter, initially True (step 0 is a THOR step);
     * ``factor_tap``: its ``taps.FactorTap`` (possibly shared with layers of the same geometry).
 
@@ -58,7 +60,8 @@ class ThorLayer(nn.Cell):
         self.a_dim, self.g_dim = self.spec.dims(self)
         self.factor_block_size = None if settings.block_size is None else int(settings.block_size)
         self._zero_factors(name_prefix + "matrix_a_cov", name_prefix + "matrix_g_cov")
-        self.thor_flag = Parameter(Tensor(np.array(True)), name=name_prefix + "thor_flag", requires_grad=False)
+        self.thor_flag = Parameter(Tensor(np.array(True)), name=name_prefix + "thor_flag",
+                                   requires_grad=False)
         self.factor_tap = self._make_tap(settings, taps)
         # THOR layers start in training mode (a plain Cell starts in inference mode), so a bare
         # TrainOneStepCell that never calls set_train() still collects factors instead of silently
@@ -66,20 +69,22 @@ class ThorLayer(nn.Cell):
         self.set_train(True)
 
     def _make_tap(self, settings: TapSettings, taps: Optional[TapPool]) -> FactorTap:
-        """The tap for ``settings``: from ``taps`` (shared with the layers of equal geometry), else its own."""
+        """The tap for ``settings``: from ``taps`` (shared with layers of equal geometry), else its own."""
         geometry = self.spec.geometry(self)
-        return FactorTap(self.spec, geometry, settings) if taps is None else taps.tap(self.spec, geometry, settings)
+        if taps is None:
+            return FactorTap(self.spec, geometry, settings)
+        return taps.tap(self.spec, geometry, settings)
 
     def _zero_factors(self, a_name: str, g_name: str) -> None:
-        """New ``matrix_a_cov``/``matrix_g_cov`` Parameters of zeros in the shapes ``factor_block_size`` gives."""
+        """New ``matrix_a_cov``/``matrix_g_cov`` Parameters: zeros in the shapes of ``factor_block_size``."""
         a_shape = self.spec.a_shape(self.a_dim, self.factor_block_size)
         g_shape = stored_shape(self.g_dim, self.factor_block_size)
         self.matrix_a_cov = Parameter(Tensor(np.zeros(a_shape, np.float32)), name=a_name, requires_grad=False)
         self.matrix_g_cov = Parameter(Tensor(np.zeros(g_shape, np.float32)), name=g_name, requires_grad=False)
 
     def _settle(self, settings: TapSettings, taps: Optional[TapPool] = None) -> None:
-        """Give a THOR layer made earlier the settings of a new conversion (``convert.convert_net``): a tap for
-        them and, if the block width changes, zero factors of the new shape (same names)."""
+        """Give a THOR layer made earlier the settings of a new conversion (``convert.convert_net``): a tap
+        for them and, if the block width changes, zero factors of the new shape (same names)."""
         block_size = None if settings.block_size is None else int(settings.block_size)
         if block_size != self.factor_block_size:
             self.factor_block_size = block_size
@@ -99,8 +104,9 @@ class ThorLayer(nn.Cell):
 
     def _tap(self, s, x):
         """In training mode, route ``s`` through the factor tap (dtype of ``s`` kept under amp)."""
-        return ops.cast(self.factor_tap(s, ops.stop_gradient(x), self.thor_flag, self.matrix_a_cov, self.matrix_g_cov),
-                        s.dtype)
+        s_tapped = self.factor_tap(s, ops.stop_gradient(x), self.thor_flag, self.matrix_a_cov,
+                                   self.matrix_g_cov)
+        return ops.cast(s_tapped, s.dtype)
 
     def _adopt_param(self, attr: str, param: Optional[Parameter]) -> None:
         """Put the plain layer's Parameter object itself (name, value, dtype kept) under ``attr``."""
@@ -114,14 +120,14 @@ class ThorLayer(nn.Cell):
 
     @classmethod
     def supports(cls, cell: nn.Cell) -> bool:
-        """Whether this class can represent ``cell`` (``spec.supports``: its exact plain type, and for convolutions
-        group 1 and NCHW). Whether a cell IS converted also depends on its weight's ``requires_grad`` and the
-        convention: ``convert.thor_class_for``."""
+        """Whether this class can represent ``cell`` (``spec.supports``: its exact plain type, and for
+        convolutions group 1 and NCHW). Whether a cell IS converted also depends on its weight's
+        ``requires_grad`` and the convention: ``convert.thor_class_for``."""
         return cls.spec.supports(cell)
 
     @classmethod
-    def from_cell(cls, cell: nn.Cell, name_prefix: Optional[str] = None, settings: TapSettings = DEFAULT_SETTINGS,
-                  taps: Optional[TapPool] = None) -> "ThorLayer":
+    def from_cell(cls, cell: nn.Cell, name_prefix: Optional[str] = None,
+                  settings: TapSettings = DEFAULT_SETTINGS, taps: Optional[TapPool] = None) -> "ThorLayer":
         """Build the THOR layer from a plain layer, reusing its Parameter objects.
 
         The new Parameters are named ``name_prefix + "matrix_a_cov"`` (and ``matrix_g_cov``,
@@ -134,7 +140,8 @@ class ThorLayer(nn.Cell):
         """
         if not cls.supports(cell):
             raise TypeError(f"For '{cls.__name__}.from_cell', the argument 'cell' must be a "
-                            f"{cls.spec.plain_type.__name__} that {cls.__name__} supports, but got {describe(cell)}.")
+                            f"{cls.spec.plain_type.__name__} that {cls.__name__} supports, "
+                            f"but got {describe(cell)}.")
         layer = cls.__new__(cls)
         nn.Cell.__init__(layer)
         if name_prefix is None:

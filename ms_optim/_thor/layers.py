@@ -1,4 +1,4 @@
-"""THOR layers: ``nn.Dense``/``nn.Conv2d``/``nn.Conv1d``/``nn.Embedding`` that also collect their Kronecker factors.
+"""THOR layers: ``nn.Dense``/``nn.Conv2d``/``nn.Conv1d``/``nn.Embedding`` that also collect their factors.
 
 State and forward only: what THOR knows about each kind (sizes, factor math, multipliers, treatment) is
 its spec in ``kinds.py``, the backward-pass tap is ``taps.FactorTap``, the conversion ``convert.py``.
@@ -115,8 +115,9 @@ class _ConvThor(ThorLayer):
 
     def _check_group(self, plain: nn.Cell, group) -> None:
         if plain.group != 1:
-            raise ValueError(f"For '{type(self).__name__}', the argument 'group' must be 1 (grouped and depthwise "
-                             f"convolutions are not supported; use {type(plain).__name__}), but got {group!r}.")
+            raise ValueError(f"For '{type(self).__name__}', the argument 'group' must be 1 (grouped and "
+                             f"depthwise convolutions are not supported; use {type(plain).__name__}), "
+                             f"but got {group!r}.")
 
     def _adopt(self, cell: nn.Cell) -> None:
         self.in_channels = cell.in_channels
@@ -169,8 +170,8 @@ class Conv2dThor(_ConvThor):
 
     spec = kinds.CONV
 
-    def __init__(self, in_channels, out_channels, kernel_size, stride=1, pad_mode='same', padding=0, dilation=1,
-                 group=1, has_bias=False, weight_init='normal', bias_init='zeros'):
+    def __init__(self, in_channels, out_channels, kernel_size, stride=1, pad_mode='same', padding=0,
+                 dilation=1, group=1, has_bias=False, weight_init='normal', bias_init='zeros'):
         super().__init__()
         for name, value in (("kernel_size", kernel_size), ("stride", stride), ("dilation", dilation)):
             layer_args.check_int_or_tuple("Conv2dThor", name, value)
@@ -210,15 +211,19 @@ class Conv1dThor(_ConvThor):
     The weight is ``(C_out, C_in, 1, k)``, as ``nn.Conv1d`` keeps it (it runs ``Conv2D`` on the input with a
     height-1 axis, and so does this layer, whose tap sees that 4-D convolution).
 
-    Factors (B = batch, T = L_out, p the ``C_in*k`` patches ``p[c*k + j] = x_pad[b, c, l*stride + j*dilation]``,
-    d = dL/ds at each output position): ``A = sum p p^T / (B*T)`` (``C_in*k`` square) and
-    ``G = B * sum d d^T`` (``C_out`` square), those of ``Conv2dThor`` with a ``(1, k)`` kernel, float32,
-    computed only while ``thor_flag`` is True in training mode. The optimizer preconditions the weight's
-    gradient as the ``(C_out, C_in*k)`` matrix: ``G^-1 dW A^-1``. ``ConvertNetUtils`` and ``thor()`` convert
-    ``nn.Conv1d`` under ``factor_convention="kfc"`` (the default on CPU) and leave it a plain,
-    first-order layer under ``"gpu"``/``"ascend"``, whose MindSpore THOR has no Conv1d to match; a
-    ``Conv1dThor`` placed in a net by hand is preconditioned under every convention, with the conv
-    multipliers of that convention (``kinds.conv_scales``).
+    Factors (B = batch, T = L_out, p the ``C_in*k`` patches
+    ``p[c*k + j] = x_pad[b, c, l*stride + j*dilation]``, d = dL/ds at each output position)::
+
+        A = sum_{b,l} p p^T / (B*T)       (C_in*k square)
+        G = B * sum_{b,l} d d^T           (C_out square)
+
+    those of ``Conv2dThor`` with a ``(1, k)`` kernel (KFC normalisation), float32, computed only while
+    ``thor_flag`` is True in training mode. The optimizer preconditions the weight's gradient as the
+    ``(C_out, C_in*k)`` matrix ``dW``: ``G^-1 dW A^-1`` (then weight decay, clipping and momentum, as every
+    THOR layer). ``ConvertNetUtils`` and ``thor()`` convert ``nn.Conv1d`` under ``factor_convention="kfc"``
+    (the default on CPU) and leave it a plain, first-order layer under ``"gpu"``/``"ascend"``, whose
+    MindSpore THOR has no Conv1d to match; a ``Conv1dThor`` placed in a net by hand is preconditioned under
+    every convention, with that convention's conv multipliers (``kinds.conv_scales``, T = L_out).
 
     Args: as ``nn.Conv1d`` (``kernel_size``, ``stride``, ``padding``, ``dilation``: int; defaults
     ``weight_init=None`` (HeUniform), ``bias_init=None``, ``has_bias=False``, ``dtype=mstype.float32``).
@@ -229,12 +234,22 @@ class Conv1dThor(_ConvThor):
         ValueError: if a size does not fit int32, or ``weight_init``/``bias_init`` is a NaN or infinite
             number (``ms_optim._thor.layer_args``).
         ValueError: if ``group`` is not 1 (keep grouped convolutions as ``nn.Conv1d``).
+
+    Examples:
+        >>> import numpy as np
+        >>> from mindspore import Tensor
+        >>> from ms_optim.nn import Conv1dThor
+        >>> layer = Conv1dThor(2, 3, 3, pad_mode="pad", padding=1, has_bias=True)
+        >>> layer(Tensor(np.ones((4, 2, 8), np.float32))).shape
+        (4, 3, 8)
+        >>> layer.weight.shape, layer.matrix_a_cov.shape, layer.matrix_g_cov.shape
+        ((3, 2, 1, 3), (6, 6), (3, 3))
     """
 
     spec = kinds.CONV1D
 
-    def __init__(self, in_channels, out_channels, kernel_size, stride=1, pad_mode='same', padding=0, dilation=1,
-                 group=1, has_bias=False, weight_init=None, bias_init=None, dtype=mstype.float32):
+    def __init__(self, in_channels, out_channels, kernel_size, stride=1, pad_mode='same', padding=0,
+                 dilation=1, group=1, has_bias=False, weight_init=None, bias_init=None, dtype=mstype.float32):
         super().__init__()
         layer_args.check_int("Conv1dThor", "in_channels", in_channels)
         layer_args.check_int("Conv1dThor", "out_channels", out_channels)
@@ -296,8 +311,8 @@ class EmbeddingThor(ThorLayer):
         layer_args.check_positive_int("EmbeddingThor", "embedding_size", embedding_size)
         layer_args.check_int32("EmbeddingThor", "padding_idx", padding_idx)
         layer_args.check_initializer("EmbeddingThor", "embedding_table", embedding_table)
-        plain = nn.Embedding(vocab_size, embedding_size, use_one_hot=use_one_hot, embedding_table=embedding_table,
-                             dtype=dtype, padding_idx=padding_idx)
+        plain = nn.Embedding(vocab_size, embedding_size, use_one_hot=use_one_hot,
+                             embedding_table=embedding_table, dtype=dtype, padding_idx=padding_idx)
         self._adopt(plain)
         self._init_thor_state("", DEFAULT_SETTINGS, None)
 

@@ -43,7 +43,8 @@ training mode.
 A step past the end of THOR's per-step ``learning_rate``/``damping`` is refused by the optimizer, which
 runs after the backward pass. In GRAPH mode the whole step is one graph and the refusal leaves the
 factors untouched; in PYNATIVE mode the backward pass has already run, so ``thor()`` converts with a
-:class:`ScheduleGuard` in the settings, which refuses the same step, with the same error, before the tap writes.
+:class:`ScheduleGuard` in the settings, which refuses the same step, with the same error, before the tap
+writes.
 """
 from __future__ import annotations
 
@@ -88,7 +89,8 @@ class ScheduleGuard(nn.Cell):
     def construct(self):
         step = self.step
         for i in range(len(self.limits)):
-            step = check_schedule_length(self.owner, self.limits[i][0], self.limits[i][1], self.sizes[i], step)
+            step = check_schedule_length(self.owner, self.limits[i][0], self.limits[i][1], self.sizes[i],
+                                         step)
         return step
 
 
@@ -107,13 +109,15 @@ class TapSettings(NamedTuple):
     guard: Optional[ScheduleGuard] = None
 
 
-#: The settings of a THOR layer made by its constructor or ``ConvertNetUtils``: kfc, 32, blocks of 128, no guard.
+#: The settings of a THOR layer made by its constructor or ``ConvertNetUtils``: kfc, 32, blocks of 128,
+#: no guard.
 DEFAULT_SETTINGS = TapSettings()
 
 
 def tap_key(spec: KindSpec, geometry: tuple, settings: TapSettings) -> tuple:
     """What a tap's graph depends on besides its inputs: kind, block width, convention, ``batch_size``, guard
-    and geometry. Taps with equal keys compute alike, so their layers can share one Cell (:class:`TapPool`)."""
+    and geometry. Taps with equal keys compute alike, so their layers can share one Cell
+    (:class:`TapPool`)."""
     return (spec.kind, settings.block_size, settings.convention, int(settings.batch_size),
             id(settings.guard)) + tuple(geometry)
 
@@ -174,7 +178,8 @@ class _ParsedChoices(nn.Cell):
     @property
     def kernels(self):
         """``(A op, G op)``: the fused factor ops the spec names (``factor_kernels``: CPU, ``MS_OPTIM_FUSED``
-        not 0), or None; picked by name here, in Python, when the graph is parsed (like ``schedule_guard``)."""
+        not 0), or None; picked by name here, in Python, when the graph is parsed (like
+        ``schedule_guard``)."""
         kernels = factor_kernels()
         if kernels is None:
             return None
@@ -182,11 +187,11 @@ class _ParsedChoices(nn.Cell):
 
     @property
     def factor_pass(self):
-        """The bprop's factor work, chosen when the graph is parsed (like ``kernels``): :meth:`_fused_pass` with the
-        fused ops and no guard (GRAPH mode on CPU), else :meth:`_flagged_pass`. Chosen here rather than by an ``if``
-        in the bprop: MindSpore parses and expands every branch of a bprop at each of its call sites, even one whose
-        condition is a constant, and the composite branch made ResNet-50's compile 0.3 s (of 6.5) slower and its
-        compiled step 42 MiB larger."""
+        """The bprop's factor work, chosen when the graph is parsed (like ``kernels``): :meth:`_fused_pass`
+        with the fused ops and no guard (GRAPH mode on CPU), else :meth:`_flagged_pass`. Chosen here rather
+        than by an ``if`` in the bprop: MindSpore parses and expands every branch of a bprop at each of its
+        call sites, even one whose condition is a constant, and the composite branch made ResNet-50's compile
+        0.3 s (of 6.5) slower and its compiled step 42 MiB larger."""
         return self.__dict__["_passes"][0 if self.kernels is not None and self.schedule_guard is None else 1]
 
 
@@ -216,8 +221,9 @@ class FactorTap(_ParsedChoices):
         self.batch_size = int(settings.batch_size)
         self.block_size = None if settings.block_size is None else int(settings.block_size)
         self.shared = False  # a TapPool gave this tap to several layers
-        # factor_pass hands out one of these: bound methods made once and kept (MindSpore caches what it parsed by
-        # the object's id, and a bound method made per access can take the id of one it parsed before)
+        # factor_pass hands out one of these: bound methods made once and kept (MindSpore caches what it
+        # parsed by the object's id, and a bound method made per access can take the id of one it parsed
+        # before)
         self.__dict__["_passes"] = (self._fused_pass, self._flagged_pass)
 
     def sharing_key(self) -> tuple:
@@ -251,8 +257,8 @@ class FactorTap(_ParsedChoices):
         return ops.depend(ops.depend(dout, written_a), written_g)
 
     def _fused_pass(self, x, dout, flag, a_cov, g_cov):
-        """Both factors by the fused ops; without a branch where :func:`_branch_free` allows (decided when the graph
-        is compiled: the ops skip their work while the flag is False), else under ``if flag``."""
+        """Both factors by the fused ops; without a branch where :func:`_branch_free` allows (decided when the
+        graph is compiled: the ops skip their work while the flag is False), else under ``if flag``."""
         kernels = self.kernels
         if _branch_free(x, dout):
             dout = self._store_fused(kernels, x, dout, flag, a_cov, g_cov)
@@ -261,8 +267,8 @@ class FactorTap(_ParsedChoices):
         return dout
 
     def _flagged_pass(self, x, dout, flag, a_cov, g_cov):
-        """Both factors under ``if flag``: first the schedule guard (PYNATIVE), then the fused ops or the composite
-        ones (stored where finite)."""
+        """Both factors under ``if flag``: first the schedule guard (PYNATIVE), then the fused ops or the
+        composite ones (stored where finite)."""
         kernels = self.kernels
         guard = self.schedule_guard
         if flag:
@@ -271,9 +277,10 @@ class FactorTap(_ParsedChoices):
             if kernels is not None:  # one op per factor (each also reads the flag)
                 dout = self._store_fused(kernels, x, dout, flag, a_cov, g_cov)
             else:
-                a_new = self.spec.a_value(x, self.geometry, self.convention, self.batch_size, self.block_size)
+                spec, geometry, convention = self.spec, self.geometry, self.convention
+                a_new = spec.a_value(x, geometry, convention, self.batch_size, self.block_size)
                 a_new = keep_if(ops.isfinite(a_new).all(), a_new, a_cov)
-                g_new = self.spec.g_value(dout, self.geometry, self.convention, self.batch_size, self.block_size)
+                g_new = spec.g_value(dout, geometry, convention, self.batch_size, self.block_size)
                 g_new = keep_if(ops.isfinite(g_new).all(), g_new, g_cov)
                 dout = ops.depend(dout, ops.assign(a_cov, a_new))
                 dout = ops.depend(dout, ops.assign(g_cov, g_new))

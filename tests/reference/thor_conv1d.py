@@ -1,7 +1,8 @@
-"""NumPy (float64) reference of a 1-D convolution's THOR factors: the specification ``Conv1dThor`` is tested against.
+"""NumPy (float64) reference of a 1-D convolution's THOR factors: the specification of ``Conv1dThor``.
 
-Pure functions, no MindSpore, written from ``nn.Conv1d``'s documented semantics (group 1): an input ``x`` of
-shape (B, C_in, L) is zero-padded along L as ``pad_mode`` says, and with effective kernel ``e = (k - 1) * d + 1``
+Pure functions, no MindSpore, written from ``nn.Conv1d``'s documented semantics (group 1): an input ``x``
+of shape (B, C_in, L) is zero-padded along L as ``pad_mode`` says, and with effective kernel
+``e = (k - 1) * d + 1``
 
 * ``"same"``: ``L_out = ceil(L / s)``, total padding ``max((L_out - 1) * s + e - L, 0)``, the smaller half on
   the left (an odd extra goes to the right);
@@ -65,9 +66,10 @@ def conv1d_patches(x: Array, kernel: int, stride: int = 1, dilation: int = 1, pa
     return patches
 
 
-def conv1d_forward(x: Array, weight: Array, bias=None, stride: int = 1, dilation: int = 1, pad_mode: str = "same",
-                   padding: int = 0) -> Array:
-    """``nn.Conv1d``'s output (B, C_out, L_out) for a ``(C_out, C_in, k)`` or ``(C_out, C_in, 1, k)`` weight."""
+def conv1d_forward(x: Array, weight: Array, bias=None, stride: int = 1, dilation: int = 1,
+                   pad_mode: str = "same", padding: int = 0) -> Array:
+    """``nn.Conv1d``'s output (B, C_out, L_out) for a ``(C_out, C_in, k)`` or ``(C_out, C_in, 1, k)``
+    weight."""
     weight = np.asarray(weight, np.float64)
     c_out, kernel = weight.shape[0], weight.shape[-1]
     patches = conv1d_patches(x, kernel, stride, dilation, pad_mode, padding)
@@ -77,8 +79,8 @@ def conv1d_forward(x: Array, weight: Array, bias=None, stride: int = 1, dilation
     return out.transpose(0, 2, 1)
 
 
-def conv1d_factors(x: Array, dout: Array, kernel: int, stride: int = 1, dilation: int = 1, pad_mode: str = "same",
-                   padding: int = 0) -> Tuple[Array, Array]:
+def conv1d_factors(x: Array, dout: Array, kernel: int, stride: int = 1, dilation: int = 1,
+                   pad_mode: str = "same", padding: int = 0) -> Tuple[Array, Array]:
     """``(A, G)`` of a Conv1d from its input (B, C_in, L) and ``dout = dL/ds`` (B, C_out, L_out)."""
     patches = conv1d_patches(x, kernel, stride, dilation, pad_mode, padding)
     batch, positions, size = patches.shape
@@ -88,11 +90,13 @@ def conv1d_factors(x: Array, dout: Array, kernel: int, stride: int = 1, dilation
 
 
 class Conv1dRef:
-    """``conv`` Conv1d(kernel, stride, dilation, pad_mode, padding; bias) -> ReLU -> flatten -> ``fc`` Dense; CE."""
+    """``conv`` Conv1d(kernel, stride, dilation, pad_mode, padding; bias) -> ReLU -> flatten -> ``fc``
+    Dense; mean softmax cross-entropy."""
 
     layers = (("conv", "conv1d"), ("fc", "dense"))
 
-    def __init__(self, kernel: int, stride: int = 1, dilation: int = 1, pad_mode: str = "same", padding: int = 0):
+    def __init__(self, kernel: int, stride: int = 1, dilation: int = 1, pad_mode: str = "same",
+                 padding: int = 0):
         self.args = dict(stride=stride, dilation=dilation, pad_mode=pad_mode, padding=padding)
         self.kernel = kernel
 

@@ -46,7 +46,8 @@ class _LinearLoss(nn.Cell):
 
 
 class _Gradients(nn.Cell):
-    """The gradients of :class:`_LinearLoss` w.r.t. the trainable parameters (a Cell: compiled in GRAPH mode)."""
+    """The gradients of :class:`_LinearLoss` w.r.t. the trainable parameters (a Cell: compiled in GRAPH
+    mode)."""
 
     def __init__(self, layer):
         super().__init__()
@@ -79,7 +80,8 @@ def test_conv1d_layer_matches_oracle(mode, path, rng, case):
     layer = Conv1dThor(c_in, c_out, kernel, **kwargs)
     plain = nn.Conv1d(c_in, c_out, kernel, **kwargs)
     assert layer.kind == "conv1d" and layer.spec.treatment == ms_optim._thor.modes.Treatment.MATRIX
-    assert layer.weight.shape == (c_out, c_in, 1, kernel) and (layer.a_dim, layer.g_dim) == (c_in * kernel, c_out)
+    assert layer.weight.shape == (c_out, c_in, 1, kernel)
+    assert (layer.a_dim, layer.g_dim) == (c_in * kernel, c_out)
     x = rng.standard_normal((batch, c_in, length)).astype(np.float32)
     args = dict(stride=stride, dilation=dilation, pad_mode=pad_mode, padding=padding)
     want = oracle.conv1d_forward(x, weight, bias, **args)
@@ -109,7 +111,7 @@ def test_conv1d_blocked_factors_match_oracle(mode, path, rng):
     _close(layer.matrix_g_cov.asnumpy(), stored_form(g_want, 4), what="G blocks")
 
 
-# ----------------------------------------------------------------------------- a converted net vs the THOR oracle
+# ------------------------------------------------------------------------ a converted net vs the THOR oracle
 class Conv1dNet(nn.Cell):
     def __init__(self, length=11):
         super().__init__()
@@ -143,8 +145,9 @@ def test_converted_conv1d_net_matches_thor_oracle(mode, path, rng, block_size):
     _init_params(net, rng)
     lr = np.linspace(0.1, 0.05, steps).astype(np.float32)
     damping = np.linspace(0.05, 0.02, steps).astype(np.float32)
-    ref = ThorReference(oracle.Conv1dRef(3, stride=2, dilation=2, pad_mode="pad", padding=1), _params(net), lr,
-                        damping, 0.9, batch_size=8, frequency=3, block_size=block_size)
+    model = oracle.Conv1dRef(3, stride=2, dilation=2, pad_mode="pad", padding=1)
+    ref = ThorReference(model, _params(net), lr, damping, 0.9, batch_size=8, frequency=3,
+                        block_size=block_size)
     opt = thor(net, Tensor(lr), Tensor(damping), 0.9, batch_size=8, frequency=3, block_size=block_size)
     assert [type(c) for c in opt.thor_cells] == [Conv1dThor, DenseThor]
     assert net.conv.matrix_a_cov.shape == ((9, 9) if block_size == 128 else (3, 4, 4))
@@ -158,12 +161,13 @@ def test_converted_conv1d_net_matches_thor_oracle(mode, path, rng, block_size):
         np.testing.assert_allclose(got, ref.losses[-1], rtol=1e-3, err_msg=f"loss at step {step}")
         params = _params(net)
         for name, want in ref.params.items():
-            np.testing.assert_allclose(params[name], want, rtol=1e-3, atol=1e-6, err_msg=f"{name} at step {step}")
+            np.testing.assert_allclose(params[name], want, rtol=1e-3, atol=1e-6,
+                                       err_msg=f"{name} at step {step}")
     a_inv = opt.matrix_a_inv[0].asnumpy()  # refreshed: not the initial identity blocks
     assert not np.allclose(a_inv, np.broadcast_to(np.eye(a_inv.shape[-1]), a_inv.shape))
 
 
-# ----------------------------------------------------------------------------- conversion and the public class
+# ------------------------------------------------------------------------ conversion and the public class
 class _Mixed(nn.Cell):
     def __init__(self):
         super().__init__()
@@ -199,9 +203,9 @@ def test_conversion_converts_conv1d_under_kfc_only(convention):
 
 
 def test_thor_leaves_conv1d_first_order_under_gpu(rng):
-    """thor(..., factor_convention="gpu"): the nn.Conv1d stays plain and is no THOR layer of the optimizer; under
-    "kfc" (the default on CPU) it is converted and preconditioned; ConvertNetUtils (MindSpore's signature, the
-    default settings) converts it."""
+    """thor(..., factor_convention="gpu"): the nn.Conv1d stays plain and is no THOR layer of the optimizer;
+    under "kfc" (the default on CPU) it is converted and preconditioned; ConvertNetUtils (MindSpore's
+    signature, the default settings) converts it."""
     lr, damping = Tensor(np.float32(0.1)), Tensor(np.float32(0.03))
     net = _mixed()
     opt = thor(net, lr, damping, 0.9, batch_size=4, factor_convention="gpu")
@@ -220,7 +224,8 @@ def test_public_class_signature_and_from_cell():
     plain = nn.Conv1d(2, 3, 4, stride=2, pad_mode="pad", padding=1, dilation=2, has_bias=True)
     layer = Conv1dThor.from_cell(plain)
     assert layer.weight is plain.weight and layer.bias is plain.bias
-    assert (layer.kernel_size, layer.stride, layer.dilation, layer.padding) == ((1, 4), (1, 2), (1, 2), (0, 0, 1, 1))
+    geometry = (layer.kernel_size, layer.stride, layer.dilation, layer.padding)
+    assert geometry == ((1, 4), (1, 2), (1, 2), (0, 0, 1, 1))
     assert "kernel_size=(1, 4)" in repr(layer)
     with pytest.raises(TypeError, match="cell"):
         Conv1dThor.from_cell(nn.Conv2d(2, 3, 4))

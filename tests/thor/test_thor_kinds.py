@@ -28,7 +28,8 @@ def test_registered_specs():
     classes = (DenseThor, Conv2dThor, Conv1dThor, EmbeddingThor)
     plain = (nn.Dense, nn.Conv2d, nn.Conv1d, nn.Embedding)
     for spec, cls, plain_type in zip(specs, classes, plain):
-        assert spec.thor_class is cls and cls.spec is spec and cls.kind == spec.kind and spec.plain_type is plain_type
+        assert spec.thor_class is cls and cls.spec is spec and cls.kind == spec.kind
+        assert spec.plain_type is plain_type
     assert [s.kind for s in specs] == [Kind.DENSE, Kind.CONV, Kind.CONV1D, Kind.EMBEDDING]
     assert [s.treatment for s in specs] == [Treatment.MATRIX] * 3 + [Treatment.EMBEDDING]
     assert [s.a_diagonal for s in specs] == [False, False, False, True]
@@ -84,12 +85,13 @@ def test_convert_net_builds_complete_layers_and_shares_taps():
     settings = TapSettings(convention=Convention.ASCEND, batch_size=8, block_size=4, guard=guard)
     layers = convert_net(net, settings)
     names = ["emb", "first", "second", "wide", "fc", "out"]  # no Conv1d under "ascend"
-    assert layers == [getattr(net, n) for n in names] == [c for _, c in thor_candidates(net, Convention.ASCEND)]
+    candidates = [c for _, c in thor_candidates(net, Convention.ASCEND)]
+    assert layers == [getattr(net, n) for n in names] == candidates
     assert type(net.seq) is nn.Conv1d and layers[0].factor_tap.convention == Convention.ASCEND
     settings = settings._replace(convention=Convention.KFC)
     net = _Net()
     layers = convert_net(net, settings)
-    assert [type(c) for c in layers] == [EmbeddingThor] + [Conv2dThor] * 3 + [Conv1dThor, DenseThor, DenseThor]
+    assert [type(c) for c in layers] == [EmbeddingThor] + [Conv2dThor] * 3 + [Conv1dThor] + [DenseThor] * 2
     for layer in layers:
         tap = layer.factor_tap
         assert tap.settings.guard is guard and tap.block_size == layer.factor_block_size == 4
@@ -100,11 +102,13 @@ def test_convert_net_builds_complete_layers_and_shares_taps():
     assert taps[1] is taps[2] and taps[1].shared and taps[3] is not taps[1]  # equal geometry: one tap
     assert taps[5] is taps[6] and len({id(t) for t in taps}) == 5
     assert net.first.matrix_a_cov.name == "first.matrix_a_cov"
+    with pytest.raises(ValueError, match="'auto'"):
+        convert_net(_Net(), TapSettings(convention=Convention.AUTO))
 
 
 def test_convert_net_again_gives_the_layers_its_settings():
-    """A second conversion (a second thor()) re-settles the THOR layers: new taps; factors kept at the same width,
-    zeros of the new shape (same names) at another."""
+    """A second conversion (a second thor()) re-settles the THOR layers: new taps; factors kept at the same
+    width, zeros of the new shape (same names) at another."""
     net = _Net()
     first = convert_net(net, TapSettings(block_size=4, guard=_guard(2)))
     ops.assign(net.fc.matrix_a_cov, Tensor(np.ones(net.fc.matrix_a_cov.shape, np.float32)))
@@ -122,14 +126,15 @@ def test_convert_net_again_gives_the_layers_its_settings():
 @pytest.mark.parametrize("block_size", [None, 1, 4, 128])
 def test_factor_blocks_is_the_one_block_geometry(n, block_size):
     nblocks, bs = factor_blocks(n, block_size)
-    assert (nblocks, bs) == ((1, n) if block_size is None or block_size >= n else (-(-n // block_size), block_size))
+    whole = block_size is None or block_size >= n
+    assert (nblocks, bs) == ((1, n) if whole else (-(-n // block_size), block_size))
     assert stored_shape(n, block_size) == ((n, n) if nblocks == 1 else (nblocks, bs, bs))
     layout = BlockLayout(n, block_size)
     assert (layout.nblocks, layout.bs) == (nblocks, bs)
 
 
 def test_convention_multipliers():
-    """The kinds' multipliers of conventions.py's formulas (bs = batch_size 4; N rows, T positions, B batch)."""
+    """The kinds' multipliers of conventions.py's formulas (bs = batch_size 4; N rows, T positions, B)."""
     assert kinds.dense_scales(Convention.KFC, 4, 8, 3) == (1.0, 1.0)
     assert kinds.dense_scales(Convention.GPU, 4, 8, 3) == (8 / 3, 16 / 64)   # a^T a / in; bs^2 / N d^T d
     assert kinds.dense_scales(Convention.ASCEND, 4, 8, 3) == (1.0, 16 / 64)
