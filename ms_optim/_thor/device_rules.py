@@ -84,7 +84,8 @@ def check_distribute_inverses(distribute: bool, convention: str, requested: str,
 
 def inverse_rules(layers: Sequence, convention: str) -> Tuple[InverseRule, ...]:
     """Every THOR layer's :class:`InverseRule` under ``convention`` (``layers``: kind and ``g_dim`` are read)."""
-    has_conv = any(layer.kind == Kind.CONV for layer in layers)
+    convs = (Kind.CONV, Kind.CONV1D)  # a Conv1dThor placed by hand computes its factors as a conv's
+    has_conv = any(layer.kind in convs for layer in layers)
     rules = []
     for layer in layers:
         if convention == Convention.GPU and layer.kind == Kind.EMBEDDING:
@@ -92,7 +93,7 @@ def inverse_rules(layers: Sequence, convention: str) -> Tuple[InverseRule, ...]:
         elif convention == Convention.ASCEND and layer.kind == Kind.DENSE and int(layer.g_dim) == 2:
             rules.append(InverseRule(GRule.IDENTITY, False))
         else:
-            max_scale = convention == Convention.ASCEND and has_conv and layer.kind in (Kind.CONV, Kind.DENSE)
+            max_scale = convention == Convention.ASCEND and has_conv and layer.kind in convs + (Kind.DENSE,)
             rules.append(InverseRule(GRule.INVERSE, max_scale) if max_scale else PLAIN_RULE)
     return tuple(rules)
 

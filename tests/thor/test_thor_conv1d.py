@@ -18,6 +18,8 @@ from mindspore import Tensor, nn, ops
 from reference import thor_conv1d as oracle
 from reference.thor_factors import stored_form
 from reference.thor_ref import ThorReference
+from support.params import param_values
+from support.thor_runs import init_params
 
 import ms_optim
 from ms_optim._thor.convert import ConvertNetUtils, convert_net, count_thor_cells, thor_class_for
@@ -124,29 +126,17 @@ class Conv1dNet(nn.Cell):
         return self.fc(self.flatten(self.relu(self.conv(x))))
 
 
-def _init_params(net, rng):
-    for p in net.trainable_params():
-        fan_in = int(np.prod(p.shape[1:])) if len(p.shape) > 1 else 1
-        value = 0.1 * rng.standard_normal(p.shape) if len(p.shape) == 1 else \
-            rng.standard_normal(p.shape) * np.sqrt(2.0 / fan_in)
-        p.set_data(Tensor(value.astype(np.float32)))
-
-
-def _params(net):
-    return {p.name: p.asnumpy().astype(np.float64) for p in net.trainable_params()}
-
-
 @pytest.mark.parametrize("block_size", [128, 4])
 def test_converted_conv1d_net_matches_thor_oracle(mode, path, rng, block_size):
     """Six steps of frequency 3 (THOR steps 0 and 3): loss and every parameter after every step equal the
     oracle's (rtol 1e-3, as the THOR optimizer tests); block_size 4 cuts the conv's 9-wide A into blocks."""
     steps = 6
     net = Conv1dNet()
-    _init_params(net, rng)
+    init_params(net, rng)
     lr = np.linspace(0.1, 0.05, steps).astype(np.float32)
     damping = np.linspace(0.05, 0.02, steps).astype(np.float32)
     model = oracle.Conv1dRef(3, stride=2, dilation=2, pad_mode="pad", padding=1)
-    ref = ThorReference(model, _params(net), lr, damping, 0.9, batch_size=8, frequency=3,
+    ref = ThorReference(model, param_values(net), lr, damping, 0.9, batch_size=8, frequency=3,
                         block_size=block_size)
     opt = thor(net, Tensor(lr), Tensor(damping), 0.9, batch_size=8, frequency=3, block_size=block_size)
     assert [type(c) for c in opt.thor_cells] == [Conv1dThor, DenseThor]
@@ -159,7 +149,7 @@ def test_converted_conv1d_net_matches_thor_oracle(mode, path, rng, block_size):
         got = float(cell(Tensor(x), Tensor(y)).asnumpy())
         ref.step(x, y)
         np.testing.assert_allclose(got, ref.losses[-1], rtol=1e-3, err_msg=f"loss at step {step}")
-        params = _params(net)
+        params = param_values(net)
         for name, want in ref.params.items():
             np.testing.assert_allclose(params[name], want, rtol=1e-3, atol=1e-6,
                                        err_msg=f"{name} at step {step}")
