@@ -20,7 +20,8 @@ __version__ = "0.1.0"
 # use()/undo_use(): point MindSpore's own names at ms_optim's (what `python -m ms_optim.run` does).
 _EXPORTS = {**_NN_EXPORTS, **_NN_EXTRAS, **_TRAIN_THOR_EXPORTS, "use": "ms_optim._patch",
             "undo_use": "ms_optim._patch", "release_freed_memory": "ms_optim._memory",
-            "float16_add_via_float32": "ms_optim._float16_add", "restore_float16_add": "ms_optim._float16_add"}
+            "float16_add_via_float32": "ms_optim._float16_add",
+            "restore_float16_add": "ms_optim._float16_add"}
 
 __all__ = sorted(_EXPORTS) + ["amp", "nn", "train_thor"]
 __getattr__ = lazy_getattr(_EXPORTS, __name__)

@@ -49,7 +49,8 @@ def _same_static_shape(x_shape, y_shape) -> bool:
 def _add_tensors(x, y):
     """``x + y`` of two tensors; float16 pairs of one static shape through float32 (module docstring)."""
     if x.dtype == mstype.float16 and y.dtype == mstype.float16 and _same_static_shape(x.shape, y.shape):
-        return ops.cast(_MINDSPORE_ADD(ops.cast(x, mstype.float32), ops.cast(y, mstype.float32)), mstype.float16)
+        return ops.cast(_MINDSPORE_ADD(ops.cast(x, mstype.float32), ops.cast(y, mstype.float32)),
+                        mstype.float16)
     return _MINDSPORE_ADD(x, y)
 
 

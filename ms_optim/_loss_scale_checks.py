@@ -42,7 +42,8 @@ _CELL = "TrainOneStepWithLossScaleCell"
 _WANTED = ("a floating-point Tensor or a loss-scale update cell (a Cell with get_loss_scale() and "
            "construct(loss_scale, overflow), such as DynamicLossScaleUpdateCell or FixedLossScaleUpdateCell)")
 # the argument of MindSpore's managers that get_loss_scale() returns (named in the message)
-_MANAGER_SCALE_ARGUMENT = ((FixedLossScaleManager, "loss_scale"), (DynamicLossScaleManager, "init_loss_scale"))
+_MANAGER_SCALE_ARGUMENT = ((FixedLossScaleManager, "loss_scale"),
+                           (DynamicLossScaleManager, "init_loss_scale"))
 
 
 def _item(tensor: Tensor) -> Any:
@@ -74,23 +75,24 @@ def _check_tensor(scale: Tensor, owner: str) -> None:
         return  # MindSpore's own ValueError names the shape
     shown = _item(scale)
     if scale.dtype not in mstype.float_type:
-        raise TypeError(f"For '{owner}', the argument 'scale_sense' must be {_WANTED}, but got a Tensor of dtype "
-                        f"{scale.dtype}: {shown!r}.")
+        raise TypeError(f"For '{owner}', the argument 'scale_sense' must be {_WANTED}, but got a Tensor of "
+                        f"dtype {scale.dtype}: {shown!r}.")
     if not _usable(float(shown)):
-        raise ValueError(f"For '{owner}', the argument 'scale_sense' must be a finite loss scale > 0, but got "
-                         f"{shown!r} (Tensor of dtype {scale.dtype}, shape {tuple(scale.shape)}).")
+        raise ValueError(f"For '{owner}', the argument 'scale_sense' must be a finite loss scale > 0, but "
+                         f"got {shown!r} (Tensor of dtype {scale.dtype}, shape {tuple(scale.shape)}).")
 
 
 def _check_update_cell(cell: nn.Cell, owner: str) -> None:
     getter = getattr(cell, "get_loss_scale", None)
     if not callable(getter):
-        raise TypeError(f"For '{owner}', the argument 'scale_sense' must be {_WANTED}, but got {describe(cell)}: "
-                        f"it has no get_loss_scale().")
+        raise TypeError(f"For '{owner}', the argument 'scale_sense' must be {_WANTED}, but got "
+                        f"{describe(cell)}: it has no get_loss_scale().")
     try:
         inspect.signature(cell.construct).bind(None, None)
     except TypeError:
-        raise TypeError(f"For '{owner}', the argument 'scale_sense' must be {_WANTED}, but got {describe(cell)}: "
-                        f"its construct cannot be called with (loss_scale, overflow).") from None
+        raise TypeError(f"For '{owner}', the argument 'scale_sense' must be {_WANTED}, but got "
+                        f"{describe(cell)}: its construct cannot be called with "
+                        f"(loss_scale, overflow).") from None
     except ValueError:  # no signature to read (a builtin): leave it to the first step
         pass
     subject = f"For '{owner}', the argument 'scale_sense' ({type(cell).__name__})"
@@ -109,9 +111,9 @@ def check_scale_sense(scale_sense: Any, owner: str = _CELL) -> None:
         TypeError: not a Tensor or a Cell; a bool or integer Tensor; a Cell without ``get_loss_scale()`` or
             whose ``construct`` does not take ``(loss_scale, overflow)``; a ``get_loss_scale()`` that is not a
             number.
-        ValueError: a Tensor or an initial scale that is NaN, infinite or <= 0; a ``DynamicLossScaleUpdateCell``
-            whose ``scale_factor`` is NaN, infinite or <= 0. A Tensor of another shape than () or (1,) is left
-            to MindSpore's own ValueError.
+        ValueError: a Tensor or an initial scale that is NaN, infinite or <= 0; a
+            ``DynamicLossScaleUpdateCell`` whose ``scale_factor`` is NaN, infinite or <= 0. A Tensor of
+            another shape than () or (1,) is left to MindSpore's own ValueError.
     """
     if isinstance(scale_sense, nn.Cell):
         _check_update_cell(scale_sense, owner)
@@ -175,6 +177,6 @@ def check_loss_scale_at_step(scale: Tensor, step: Tensor, owner: str = _CELL) ->
     if not usable:
         raise ValueError(f"For '{owner}', the loss scale 'scale_sense' must stay finite and > 0, but it is "
                          f"{scale} at step {step}: training stops before this step, the parameters are as "
-                         f"after step {step - 1}. A dynamic manager's updates lead there (check its scale_factor "
-                         f"and scale_window), or a value assigned to 'scale_sense'.")
+                         f"after step {step - 1}. A dynamic manager's updates lead there (check its "
+                         f"scale_factor and scale_window), or a value assigned to 'scale_sense'.")
     return scale

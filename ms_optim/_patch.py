@@ -48,7 +48,8 @@ _FACADES = (("ms_optim.nn", "mindspore.nn"), ("ms_optim.train_thor", "mindspore.
 _DEFINING_PREFIXES = ("mindspore.nn.", "mindspore.train.")
 
 # The namespaces a script names directly, in the order they are reported.
-_PUBLIC_MODULES = ("mindspore.nn", "mindspore", "mindspore.train", "mindspore.train.train_thor", "mindspore.amp")
+_PUBLIC_MODULES = ("mindspore.nn", "mindspore", "mindspore.train", "mindspore.train.train_thor",
+                   "mindspore.amp")
 
 _lock = threading.RLock()
 _active: Optional["_Session"] = None
@@ -61,7 +62,8 @@ def _mindspore_original(home: str, name: str) -> Any:
     if module is not None and name in module.__dict__:
         return module.__dict__[name]
     for modname, module in list(sys.modules.items()):
-        value = getattr(module, "__dict__", {}).get(name, _MISSING) if modname.startswith(home + ".") else _MISSING
+        value = (getattr(module, "__dict__", {}).get(name, _MISSING) if modname.startswith(home + ".")
+                 else _MISSING)
         if value is not _MISSING and getattr(value, "__module__", None) == modname:
             return value
     return _MISSING

@@ -86,8 +86,9 @@ def check_bool(name: str, value: Any, cls_name: Optional[str] = None) -> bool:
     return value
 
 
-def check_range(name: str, value: Union[int, float], low: Optional[float] = None, high: Optional[float] = None,
-                low_inclusive: bool = True, high_inclusive: bool = True, cls_name: Optional[str] = None):
+def check_range(name: str, value: Union[int, float], low: Optional[float] = None,
+                high: Optional[float] = None, low_inclusive: bool = True, high_inclusive: bool = True,
+                cls_name: Optional[str] = None):
     """Raise ValueError unless low <(=) value <(=) high; a bound of None is open-ended.
 
     Written as ``not (value >= low)`` so that NaN, which compares false with everything, is refused
@@ -126,8 +127,8 @@ def check_values(name: str, values: Any, cls_name: Optional[str] = None, low: fl
     bad = ~np.isfinite(array) | (array < low)
     if bad.any():
         index = int(np.argmax(bad))
-        raise ValueError(f"{_prefix(cls_name)} argument '{name}' must hold finite values >= {low}, but element "
-                         f"{index} is {float(array[index])!r}.")
+        raise ValueError(f"{_prefix(cls_name)} argument '{name}' must hold finite values >= {low}, but "
+                         f"element {index} is {float(array[index])!r}.")
     return values
 
 

@@ -26,11 +26,12 @@ carry that scale squared.
 
 ``from ms_optim import nn`` gives this class as ``nn.TrainOneStepWithLossScaleCell``; ``ModelThor``
 uses it for ``DynamicLossScaleManager`` and ``FixedLossScaleManager(drop_overflow_update=True)``.
-Under ``ms_optim.use()`` (and ``python -m ms_optim.run``) it *is* ``mindspore.nn.TrainOneStepWithLossScaleCell``
-(and ``mindspore.nn.wrap...``), so a script's own subclass (the model zoo's Bert, Transformer and
-clip-by-global-norm cells) inherits this constructor, the attributes MindSpore's sets (``scale_sense``,
-``loss_scaling_manager``, ``reducer_flag``, ``grad_reducer``, ``allreduce``, ``is_distributed``,
-``degree``, ...) and portable ``start_overflow_check``/``get_overflow_status``/``process_loss_scale``.
+Under ``ms_optim.use()`` (and ``python -m ms_optim.run``) it *is*
+``mindspore.nn.TrainOneStepWithLossScaleCell`` (and ``mindspore.nn.wrap...``), so a script's own subclass (the
+model zoo's Bert, Transformer and clip-by-global-norm cells) inherits this constructor, the attributes
+MindSpore's sets (``scale_sense``, ``loss_scaling_manager``, ``reducer_flag``, ``grad_reducer``,
+``allreduce``, ``is_distributed``, ``degree``, ...) and portable
+``start_overflow_check``/``get_overflow_status``/``process_loss_scale``.
 
 ``build_train_network`` (what ``Model`` calls) is ``mindspore.amp.build_train_network`` except on CPU
 with a loss-scale manager that skips overflowing steps (``DynamicLossScaleManager``,
@@ -88,15 +89,15 @@ class TrainOneStepWithLossScaleCell(nn.TrainOneStepWithLossScaleCell):
     that stops a run whose scale went bad names that step.
 
     Raises:
-        TypeError: if ``scale_sense`` is neither a Tensor nor a Cell, a bool or integer Tensor, or a Cell that is
-            not a loss-scale update cell: one with ``get_loss_scale()`` (returning a number) and
+        TypeError: if ``scale_sense`` is neither a Tensor nor a Cell, a bool or integer Tensor, or a Cell that
+            is not a loss-scale update cell: one with ``get_loss_scale()`` (returning a number) and
             ``construct(loss_scale, overflow)``, as MindSpore's ``DynamicLossScaleUpdateCell`` and
             ``FixedLossScaleUpdateCell``.
-        ValueError: if the Tensor's shape is not () or (1,) (as MindSpore's cell); if the Tensor, or the update
-            cell's ``get_loss_scale()``, is NaN, infinite or <= 0; if a ``DynamicLossScaleUpdateCell``'s
-            ``scale_factor`` is; and during training, before a step whose loss scale has become NaN, infinite
-            or <= 0 (the dynamic manager's updates, or a value assigned): that step does not run, and the
-            message names the scale and the step.
+        ValueError: if the Tensor's shape is not () or (1,) (as MindSpore's cell); if the Tensor, or the
+            update cell's ``get_loss_scale()``, is NaN, infinite or <= 0; if a
+            ``DynamicLossScaleUpdateCell``'s ``scale_factor`` is; and during training, before a step whose
+            loss scale has become NaN, infinite or <= 0 (the dynamic manager's updates, or a value assigned):
+            that step does not run, and the message names the scale and the step.
 
     Examples:
         >>> import mindspore as ms
@@ -112,13 +113,15 @@ class TrainOneStepWithLossScaleCell(nn.TrainOneStepWithLossScaleCell):
         super().__init__(network, optimizer, scale_sense)
         # the number of steps run, for the message of check_loss_scale_at_step
         self.loss_scale_step = Parameter(Tensor(0, mstype.int32), name="loss_scale_step", requires_grad=False)
-        if not self.reducer_flag:  # MindSpore sets it in data parallel only; subclasses read it (grads / degree)
+        # MindSpore sets it in data parallel only; subclasses read it (grads / degree)
+        if not self.reducer_flag:
             self.degree = 1
         self.overflow_status = Tensor(np.zeros(8, np.int32))  # start_overflow_check's placeholder, made once
         self.feeds_loss_scale = callable(getattr(optimizer, "feed_loss_scale", None))
 
     def set_sense_scale(self, sens):
-        """Set a Tensor ``scale_sense`` to ``sens`` (as MindSpore's), refused as the constructor refuses it."""
+        """Set a Tensor ``scale_sense`` to ``sens`` (as MindSpore's), refused as the constructor
+        refuses it."""
         if isinstance(sens, Tensor):
             check_scale_sense(sens)
         super().set_sense_scale(sens)
@@ -165,7 +168,8 @@ class TrainOneStepWithLossScaleCell(nn.TrainOneStepWithLossScaleCell):
 
 
 def _skips_overflow(manager) -> bool:
-    """The manager's update cell exists (it can skip an overflowing step): the case MindSpore refuses on CPU."""
+    """The manager's update cell exists (it can skip an overflowing step): the case MindSpore
+    refuses on CPU."""
     return manager is not None and manager.get_update_cell() is not None
 
 
@@ -179,10 +183,12 @@ def build_train_network(network, optimizer, loss_fn=None, level="O0", boost_leve
     :class:`TrainOneStepWithLossScaleCell` with the manager's update cell. Everything else is MindSpore's.
 
     Raises:
-        TypeError, ValueError: a ``loss_scale_manager`` whose loss scale (or a dynamic manager's ``scale_factor``)
-            is not a number, or is NaN, infinite or <= 0 (on every device, before anything is built).
-        ValueError: as MindSpore's; and on CPU, for a skipping manager together with ``boost_level`` "O1"/"O2",
-            pipeline stages or gradient accumulation (cells that have no portable loss-scale version here).
+        TypeError, ValueError: a ``loss_scale_manager`` whose loss scale (or a dynamic manager's
+            ``scale_factor``) is not a number, or is NaN, infinite or <= 0 (on every device, before anything
+            is built).
+        ValueError: as MindSpore's; and on CPU, for a skipping manager together with ``boost_level``
+            "O1"/"O2", pipeline stages or gradient accumulation (cells that have no portable loss-scale
+            version here).
     """
     manager = kwargs["loss_scale_manager"] if "loss_scale_manager" in kwargs else (
         DynamicLossScaleManager() if level == "O2" else None)  # amp level O2's documented default
@@ -194,7 +200,8 @@ def build_train_network(network, optimizer, loss_fn=None, level="O0", boost_leve
                                            **dict(kwargs, loss_scale_manager=None))
     if type(plain) is not nn.TrainOneStepCell:  # pylint: disable=unidiomatic-typecheck
         raise ValueError(f"For 'build_train_network', a loss_scale_manager that skips overflowing steps "
-                         f"({type(manager).__name__}) is supported on CPU only for a plain training step, but "
-                         f"this call builds {type(plain).__name__} (boost_level {boost_level!r}, pipeline stages "
-                         f"or gradient accumulation).")
-    return TrainOneStepWithLossScaleCell(plain.network, optimizer, scale_sense=manager.get_update_cell()).set_train()
+                         f"({type(manager).__name__}) is supported on CPU only for a plain training step, "
+                         f"but this call builds {type(plain).__name__} (boost_level {boost_level!r}, "
+                         f"pipeline stages or gradient accumulation).")
+    return TrainOneStepWithLossScaleCell(plain.network, optimizer,
+                                         scale_sense=manager.get_update_cell()).set_train()

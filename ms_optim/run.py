@@ -8,7 +8,8 @@ Usage::
 The script runs exactly as ``python SCRIPT.py ARGS...`` would run it (``__name__ == "__main__"``,
 ``sys.argv[0]`` the script path and the rest its own arguments, the script's folder first on
 ``sys.path``, its exit status returned), except that ``ms_optim.use()`` is active: the MindSpore names
-``mindspore.nn.{thor, Lamb, LARS, ASGD, DenseThor, Conv2dThor, EmbeddingThor, TrainOneStepWithLossScaleCell}``,
+``mindspore.nn.{thor, Lamb, LARS, ASGD, DenseThor, Conv2dThor, EmbeddingThor,
+TrainOneStepWithLossScaleCell}``,
 ``mindspore.amp.build_train_network``,
 ``mindspore.ConvertModelUtils``, ``mindspore.train.ConvertModelUtils`` and
 ``mindspore.train.train_thor.*`` point at ms_optim's implementations. One line on stderr says what was

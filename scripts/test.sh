@@ -11,6 +11,6 @@ ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 # shellcheck source=_venv.sh source-path=SCRIPTDIR
 source "$ROOT/scripts/_venv.sh" "test,examples"
 cd "$ROOT"
-echo "[ms_optim] ruff check (configuration: ruff.toml)"
+echo "[ms_optim] ruff check (configuration: ruff.toml, ms_optim/ruff.toml)"
 ruff check .
 python -m pytest -ra --durations=15 -n "${MS_OPTIM_TEST_WORKERS:-2}" --dist loadfile "$@"

@@ -33,8 +33,8 @@ The path of a ``thor(net, ...)`` call, and the module of each step:
 ``convert.py`` -- THE rule of which cells become THOR layers (``thor_class_for``, ``thor_candidates``) and
     ``convert_net``/``ConvertNetUtils().convert_to_thor_net``, which apply it in place.
 
-``optimizer.py`` -- ``ThorOptimizer(net, layers, config)``: one complete ``LayerSlot`` per layer, one inversion
-    strategy, and the step: schedule, on a THOR step ``self.inversion(...)``, update, flags.
+``optimizer.py`` -- ``ThorOptimizer(net, layers, config)``: one complete ``LayerSlot`` per layer, one
+    inversion strategy, and the step: schedule, on a THOR step ``self.inversion(...)``, update, flags.
 
 ``slot.py`` -- ``LayerSlot`` (a layer's constants, its inverse rule and stored inverses) and
     ``invert_layer``, the damped inversion of one layer's factors.
@@ -46,7 +46,8 @@ The path of a ``thor(net, ...)`` call, and the module of each step:
     (``SHARED``: ``distribute_inverses`` on R > 1 ranks, with ``sharing.py``'s owners and counter),
     ``averaging.py`` (``AVERAGED``: "gpu"/"ascend" on R > 1 ranks, MindSpore's inverse averaging).
 
-``device_rules.py`` -- what MindSpore's ``ThorGpu``/``ThorAscend`` do to the inverses (``InverseRule`` per layer).
+``device_rules.py`` -- what MindSpore's ``ThorGpu``/``ThorAscend`` do to the inverses (``InverseRule`` per
+    layer).
 
 ``trace.py`` -- THOR's trace rule (``trace_thresholds``): its state and the per-layer decision.
 

@@ -41,7 +41,8 @@ class AveragedInversion(LayerInversion):
 
     strategy = Strategy.AVERAGED
 
-    def __init__(self, slots: nn.CellList, layers: Sequence, config: ThorConfig, kernels: Optional[object] = None):
+    def __init__(self, slots: nn.CellList, layers: Sequence, config: ThorConfig,
+                 kernels: Optional[object] = None):
         super().__init__(slots, layers, config, kernels)
         self.reduce_a, self.reduce_g, self.reduce_stats, self.reduce_traces = (
             FactorAllReduce(self.num_layers, config.split_indices, ranks=config.ranks) for _ in range(4))
@@ -72,7 +73,8 @@ class AveragedInversion(LayerInversion):
             if refresh[i]:
                 part = rules.contribution(slot, *layer_inverses(slot, a_factors[i], g_factors[i], lam))
             else:
-                part = (ops.zeros_like(slot.a_inv), ops.zeros_like(slot.g_inv), ops.zeros((3,), mstype.float32))
+                part = (ops.zeros_like(slot.a_inv), ops.zeros_like(slot.g_inv),
+                        ops.zeros((3,), mstype.float32))
             a_parts += (part[0],)
             g_parts += (part[1],)
             stats += (part[2],)

@@ -91,8 +91,8 @@ class ThorConfig:
 def _check_int32(name: str, value: int) -> int:
     """An int the optimizer stores as int32 (frequency, sizes, indices): refuse what would wrap around."""
     if value > _INT32_MAX:
-        raise ValueError(f"For '{_NAME}', the argument '{name}' must be <= {_INT32_MAX} (it is stored as int32), "
-                         f"but got {value!r}.")
+        raise ValueError(f"For '{_NAME}', the argument '{name}' must be <= {_INT32_MAX} (it is stored as "
+                         f"int32), but got {value!r}.")
     return value
 
 
@@ -100,8 +100,8 @@ def _check_float32(name: str, value) -> None:
     """A finite number that stays finite as float32 (the optimizer stores it so)."""
     check_finite(name, value, _NAME)
     if abs(value) > _FLOAT32_MAX:
-        raise ValueError(f"For '{_NAME}', the argument '{name}' must be a finite float32 number (magnitude <= "
-                         f"{_FLOAT32_MAX:.6g}), but got {value!r}.")
+        raise ValueError(f"For '{_NAME}', the argument '{name}' must be a finite float32 number (magnitude "
+                         f"<= {_FLOAT32_MAX:.6g}), but got {value!r}.")
 
 
 def _check_scalar(name: str, value, kind: Callable, bound: Callable) -> None:
@@ -118,7 +118,8 @@ def _whole_number(name: str, value: Any) -> Any:
     if isinstance(value, float):
         _check_float32(name, value)
         if not value.is_integer():
-            raise ValueError(f"For '{_NAME}', the argument '{name}' must be a whole number, but got {value!r}.")
+            raise ValueError(f"For '{_NAME}', the argument '{name}' must be a whole number, but got "
+                             f"{value!r}.")
         return int(value)
     return value
 
@@ -149,9 +150,9 @@ def _check_net(net, convention: str) -> int:
     """The net is a Cell holding trainable parameters and at least one layer THOR preconditions under
     ``convention``, and not itself a bare plain layer; returns its number of THOR layers."""
     if convert.thor_class_for(net, convention) is not None:
-        raise ValueError(f"For '{_NAME}', the argument 'net' must be a network Cell that contains the layers to "
-                         f"precondition, but got a bare {type(net).__name__}, which cannot be replaced in place: "
-                         f"wrap it in a Cell (e.g. nn.SequentialCell([layer])).")
+        raise ValueError(f"For '{_NAME}', the argument 'net' must be a network Cell that contains the layers "
+                         f"to precondition, but got a bare {type(net).__name__}, which cannot be replaced in "
+                         f"place: wrap it in a Cell (e.g. nn.SequentialCell([layer])).")
     if not net.trainable_params():
         raise ValueError(f"For '{_NAME}', the argument 'net' must have trainable parameters, but got none.")
     num_layers = convert.count_thor_cells(net, convention)
@@ -177,16 +178,16 @@ def _fusion_splits(split_indices, num_layers: int, ranks: int) -> Optional[Tuple
     if ranks <= 1:
         return indices
     if any(index < 0 for index in indices):
-        raise ValueError(f"For '{_NAME}', the argument 'split_indices' must hold non-negative layer indices in "
-                         f"data-parallel training, but got {list(indices)!r}.")
+        raise ValueError(f"For '{_NAME}', the argument 'split_indices' must hold non-negative layer indices "
+                         f"in data-parallel training, but got {list(indices)!r}.")
     if any(b <= a for a, b in zip(indices, indices[1:])):
         raise ValueError(f"For '{_NAME}', the argument 'split_indices' must be strictly increasing in "
                          f"data-parallel training, but got {list(indices)!r}.")
     kept = tuple(index for index in indices if index < num_layers)
     if len(kept) < len(indices):
-        warnings.warn(f"For '{_NAME}', 'split_indices' {list(indices)!r}: the net has {num_layers} THOR layers "
-                      f"(indices 0..{num_layers - 1}); the indices past the last layer split nothing and are "
-                      f"ignored, as MindSpore's all-reduce fusion does.", UserWarning, stacklevel=4)
+        warnings.warn(f"For '{_NAME}', 'split_indices' {list(indices)!r}: the net has {num_layers} THOR "
+                      f"layers (indices 0..{num_layers - 1}); the indices past the last layer split nothing "
+                      f"and are ignored, as MindSpore's all-reduce fusion does.", UserWarning, stacklevel=4)
     return kept
 
 
@@ -204,7 +205,8 @@ def validate_thor(net, learning_rate, damping, momentum, weight_decay, loss_scal
     _check_scalar("batch_size", batch_size, check_int, check_positive)
     check_bool("use_nesterov", use_nesterov, _NAME)
     check_callable("decay_filter", decay_filter, _NAME)
-    if not isinstance(enable_clip_grad, int):  # MindSpore's thor tests its truth value: 0 and 1 train there too
+    # MindSpore's thor tests its truth value: 0 and 1 train there too
+    if not isinstance(enable_clip_grad, int):
         check_bool("enable_clip_grad", enable_clip_grad, _NAME)
     check_int("frequency", frequency, _NAME)
     check_range("frequency", frequency, low=2, cls_name=_NAME)
@@ -227,8 +229,9 @@ def validate_thor(net, learning_rate, damping, momentum, weight_decay, loss_scal
     splits = _fusion_splits(split_indices, num_layers, ranks)
     check_distribute_inverses(distribute_inverses, convention, factor_convention, _NAME)
     return ThorConfig(learning_rate=learning_rate, damping=damping, momentum=float(momentum),
-                      weight_decay=float(weight_decay), loss_scale=float(loss_scale), batch_size=int(batch_size),
-                      use_nesterov=bool(use_nesterov), decay_filter=decay_filter, split_indices=splits,
+                      weight_decay=float(weight_decay), loss_scale=float(loss_scale),
+                      batch_size=int(batch_size), use_nesterov=bool(use_nesterov), decay_filter=decay_filter,
+                      split_indices=splits,
                       enable_clip_grad=bool(enable_clip_grad), frequency=int(frequency), inverse=inverse,
                       block_size=int(block_size), kl_clip=None if kl_clip is None else float(kl_clip),
                       factor_convention=convention, distribute_inverses=bool(distribute_inverses),

@@ -71,19 +71,21 @@ def averages_inverses(convention: str) -> bool:
     return convention in INVERSE_AVERAGING
 
 
-def check_distribute_inverses(distribute: bool, convention: str, requested: str, cls_name: str = "thor") -> None:
+def check_distribute_inverses(distribute: bool, convention: str, requested: str,
+                              cls_name: str = "thor") -> None:
     """ValueError if ``distribute_inverses=True`` meets an inverse-averaging convention (``requested`` is
     the ``factor_convention`` argument, ``convention`` what it resolved to)."""
     if distribute and averages_inverses(convention):
         given = repr(requested) if requested == convention else f"{requested!r} (resolved to {convention!r})"
-        raise ValueError(f"For '{cls_name}', the argument 'distribute_inverses' must be False with 'factor_convention' "
-                         f"{given}: that convention averages the inverses of every rank's own factors, as MindSpore "
-                         f"does, so no identical inversion is left to share (use factor_convention='kfc' to share "
-                         f"them), but got distribute_inverses=True.")
+        raise ValueError(f"For '{cls_name}', the argument 'distribute_inverses' must be False with "
+                         f"'factor_convention' {given}: that convention averages the inverses of every "
+                         f"rank's own factors, as MindSpore does, so no identical inversion is left to share "
+                         f"(use factor_convention='kfc' to share them), but got distribute_inverses=True.")
 
 
 def inverse_rules(layers: Sequence, convention: str) -> Tuple[InverseRule, ...]:
-    """Every THOR layer's :class:`InverseRule` under ``convention`` (``layers``: kind and ``g_dim`` are read)."""
+    """Every THOR layer's :class:`InverseRule` under ``convention`` (``layers``: kind and
+    ``g_dim`` are read)."""
     convs = (Kind.CONV, Kind.CONV1D)  # a Conv1dThor placed by hand computes its factors as a conv's
     has_conv = any(layer.kind in convs for layer in layers)
     rules = []
@@ -99,8 +101,9 @@ def inverse_rules(layers: Sequence, convention: str) -> Tuple[InverseRule, ...]:
 
 
 def rule_constants(rule: InverseRule, a_layout, g_layout) -> dict:
-    """The constants a slot under ``rule`` reads: ``lead`` (GPU embedding's whitening) and ``a_keep``/``g_keep``
-    (the masks of Ascend's maxima, which skip the identity padding of the last block)."""
+    """The constants a slot under ``rule`` reads: ``lead`` (GPU embedding's whitening) and
+    ``a_keep``/``g_keep`` (the masks of Ascend's maxima, which skip the identity padding of the last
+    block)."""
     constants = {"lead": (), "a_keep": Tensor(1.0, mstype.float32), "g_keep": Tensor(1.0, mstype.float32)}
     if rule.g_rule == GRule.GPU_EMBEDDING:
         constants["lead"] = _leading_constants(g_layout.bs)
@@ -116,7 +119,7 @@ def _leading_constants(bs: int):
     lead = (np.arange(bs)[None, :] <= np.arange(bs)[:, None]).astype(np.float32)      # lead[k, i] = i <= k
     mask = lead[:, :, None] * lead[:, None, :]
     eye = np.eye(bs, dtype=np.float32)[None] * (1.0 - lead)[:, :, None]
-    pick = np.eye(bs, dtype=np.float32)[:, :, None]                                       # pick[k, i] = i == k
+    pick = np.eye(bs, dtype=np.float32)[:, :, None]                                   # pick[k, i] = i == k
     return (Tensor(mask), Tensor(eye), Tensor(pick), Tensor(np.tril(np.ones((bs, bs), np.float32))))
 
 

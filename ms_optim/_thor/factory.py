@@ -1,4 +1,5 @@
-"""``thor()``: MindSpore's THOR factory. Validate every argument once, then convert the net, then build the optimizer.
+"""``thor()``: MindSpore's THOR factory. Validate every argument once, then convert the net, then build the
+optimizer.
 
 ``config.validate_thor`` turns the arguments into a frozen ``ThorConfig`` (a refused call raises before
 anything is modified); :func:`build_thor` converts the net with the layers' final settings and builds
@@ -37,9 +38,9 @@ def build_thor(net: nn.Cell, config: ThorConfig) -> ThorOptimizer:
 
 
 def thor(net, learning_rate, damping, momentum, weight_decay=0.0, loss_scale=1.0, batch_size=32,
-         use_nesterov=False, decay_filter=lambda x: x.name not in [], split_indices=None, enable_clip_grad=False,
-         frequency=100, *, inverse="blocked", block_size=128, kl_clip=None, factor_convention="auto",
-         distribute_inverses=False, trace_thresholds=None):
+         use_nesterov=False, decay_filter=lambda x: x.name not in [], split_indices=None,
+         enable_clip_grad=False, frequency=100, *, inverse="blocked", block_size=128, kl_clip=None,
+         factor_convention="auto", distribute_inverses=False, trace_thresholds=None):
     r"""THOR, the second-order optimizer, with the signature of MindSpore's THOR factory, on every backend.
 
     Validates every argument first (a refused call leaves ``net`` untouched), then converts ``net``
@@ -114,12 +115,13 @@ def thor(net, learning_rate, damping, momentum, weight_decay=0.0, loss_scale=1.0
             Changes nothing on one device. Refused (ValueError) with a ``factor_convention`` that resolves to
             ``"gpu"`` or ``"ascend"``: those average each rank's own inverses, as MindSpore does
             (``ms_optim._thor.averaging``), so there is no identical inversion to share. Default: False.
-        trace_thresholds (keyword-only): None (default: every layer re-inverted on every THOR step, MindSpore's
-            THOR exactly), a number ``omega`` or a pair ``(omega_1, omega_2)``, ``omega_1 >= omega_2 >= 0``:
-            THOR's trace rule; on a THOR step layer i is re-inverted only if the relative change
-            ``Delta_i = |T_i - T_i^last| / T_i^last`` of ``T_i = tr(A) tr(G)`` since its last inversion is
-            ``>= omega_1``, or ``>= omega_2`` once its interval (doubling after each such refresh) has
-            elapsed (``ms_optim._thor.trace``: the rule, its state Parameters and the inversion counters).
+        trace_thresholds (keyword-only): None (default: every layer re-inverted on every THOR step,
+            MindSpore's THOR exactly), a number ``omega`` or a pair ``(omega_1, omega_2)``,
+            ``omega_1 >= omega_2 >= 0``: THOR's trace rule; on a THOR step layer i is re-inverted only if the
+            relative change ``Delta_i = |T_i - T_i^last| / T_i^last`` of ``T_i = tr(A) tr(G)`` since its last
+            inversion is ``>= omega_1``, or ``>= omega_2`` once its interval (doubling after each such
+            refresh) has elapsed (``ms_optim._thor.trace``: the rule, its state Parameters and the inversion
+            counters).
 
     Returns:
         ThorOptimizer, a ``mindspore.nn.Optimizer``.
@@ -132,14 +134,15 @@ def thor(net, learning_rate, damping, momentum, weight_decay=0.0, loss_scale=1.0
             `decay_filter` not callable, `split_indices` not a list of ints, `net` not a Cell,
             `factor_convention` not a str, `distribute_inverses` not a bool, `trace_thresholds` not None,
             a number or a pair of numbers.
-        ValueError: If `factor_convention` is not 'auto', 'gpu', 'ascend' or 'kfc'; if `distribute_inverses` is
-            True and `factor_convention` resolves to 'gpu' or 'ascend'.
+        ValueError: If `factor_convention` is not 'auto', 'gpu', 'ascend' or 'kfc'; if `distribute_inverses`
+            is True and `factor_convention` resolves to 'gpu' or 'ascend'.
         ValueError: If `loss_scale`, `batch_size` or `kl_clip` is not positive.
-        ValueError: If `weight_decay` or `momentum` is less than 0; if `trace_thresholds` holds a NaN, infinite or
-            negative number, is a sequence not of length 2, or has ``omega_1 < omega_2``.
-        ValueError: If `momentum`, `weight_decay`, `loss_scale` or `kl_clip` is NaN, infinite or beyond float32.
-        ValueError: If `frequency` is less than 2; if `frequency`, `batch_size` or `block_size` does not fit int32;
-            if `batch_size` is a float with a fractional part.
+        ValueError: If `weight_decay` or `momentum` is less than 0; if `trace_thresholds` holds a NaN,
+            infinite or negative number, is a sequence not of length 2, or has ``omega_1 < omega_2``.
+        ValueError: If `momentum`, `weight_decay`, `loss_scale` or `kl_clip` is NaN, infinite or beyond
+            float32.
+        ValueError: If `frequency` is less than 2; if `frequency`, `batch_size` or `block_size` does not fit
+            int32; if `batch_size` is a float with a fractional part.
         ValueError: If `learning_rate`/`damping` is empty, not 0-D/1-D, or holds a negative or
             non-finite value; in data-parallel training, if `split_indices` is not strictly increasing
             non-negative ints; if
@@ -147,8 +150,9 @@ def thor(net, learning_rate, damping, momentum, weight_decay=0.0, loss_scale=1.0
             bare plain layer (``nn.Dense``, ...), which cannot be replaced in place: wrap it in a Cell.
         ValueError (at run time): If the step runs past the end of `learning_rate` or `damping`.
     """
-    config = validate_thor(net, learning_rate, damping, momentum, weight_decay, loss_scale, batch_size, use_nesterov,
-                           decay_filter, split_indices, enable_clip_grad, frequency, inverse=inverse,
-                           block_size=block_size, kl_clip=kl_clip, factor_convention=factor_convention,
-                           distribute_inverses=distribute_inverses, trace_thresholds=trace_thresholds)
+    config = validate_thor(net, learning_rate, damping, momentum, weight_decay, loss_scale, batch_size,
+                           use_nesterov, decay_filter, split_indices, enable_clip_grad, frequency,
+                           inverse=inverse, block_size=block_size, kl_clip=kl_clip,
+                           factor_convention=factor_convention, distribute_inverses=distribute_inverses,
+                           trace_thresholds=trace_thresholds)
     return build_thor(net, config)

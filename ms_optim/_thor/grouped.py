@@ -28,7 +28,8 @@ that is left (read, slice, store) is written as ``hyper_map`` over tuples: GRAPH
 small graph per element instead of unrolling a loop that grows a tuple, which compiles several times
 slower.
 
-The composite path's numbers are those of ``slot.invert_layer``, block for block (``u = 1 / factor_loss_scale**2``):
+The composite path's numbers are those of ``slot.invert_layer``, block for block
+(``u = 1 / factor_loss_scale**2``):
 
 .. code-block:: text
 
@@ -41,9 +42,10 @@ The composite path's numbers are those of ``slot.invert_layer``, block for block
     new_m = X (blocks of m)  if ok_m  else the stored inverse of m
 
 (the fused op: the same, ``X_k`` inverted in double precision and rounded to float32; the all-reduce is
-one per factor). An embedding's diagonal A stays per layer (``1 / (a + sqrt(d))``, kept where not finite). Used
-when every layer is inverted on every THOR step (no ``trace_thresholds``, no ``distribute_inverses``);
-the trace rule and inverse sharing decide per layer: the ``PER_LAYER``/``SHARED`` strategies (``inversion.py``).
+one per factor). An embedding's diagonal A stays per layer (``1 / (a + sqrt(d))``, kept where not finite).
+Used when every layer is inverted on every THOR step (no ``trace_thresholds``, no ``distribute_inverses``);
+the trace rule and inverse sharing decide per layer: the ``PER_LAYER``/``SHARED`` strategies
+(``inversion.py``).
 """
 from __future__ import annotations
 
@@ -63,7 +65,8 @@ from ms_optim._thor.sharing import InverseSharing
 
 __all__ = ["GroupedInversion", "CHUNK_BYTES", "chunk_members"]
 
-CHUNK_BYTES = 16 * 2 ** 20  # bytes of float32 blocks per chunk of a width's inversion (see the module docstring)
+# bytes of float32 blocks per chunk of a width's inversion (see the module docstring)
+CHUNK_BYTES = 16 * 2 ** 20
 
 _read_blocks = C.MultitypeFuncGraph("thor_read_blocks")
 _store_blocks = C.MultitypeFuncGraph("thor_store_blocks")
@@ -80,9 +83,9 @@ def _mean_over_ranks_tensor(allreduce, mean, anchor, factor):
 
 @_fused_inverse.register("Function", "Tuple", "Tensor", "Tensor", "Tuple", "Tuple", "Tensor", "Tensor")
 def _fused_inverse_tensor(op, reduce, anchor, lam, scales, member, factor, inverse):
-    """One factor's damped inversion by the fused CPU op (read after ``anchor``; ``reduce``: ``()`` on one device,
-    else ``(allreduce, 1 / ranks)``); ``member`` is ``(is_g, plan)``, ``scales`` ``(1, g_unscale)``: a G is
-    divided by the square of its loss scale."""
+    """One factor's damped inversion by the fused CPU op (read after ``anchor``; ``reduce``: ``()`` on one
+    device, else ``(allreduce, 1 / ranks)``); ``member`` is ``(is_g, plan)``, ``scales`` ``(1, g_unscale)``: a
+    G is divided by the square of its loss scale."""
     factor = ops.depend(factor, anchor)
     if reduce:
         factor = reduce[0](factor) * reduce[1]
@@ -159,16 +162,17 @@ class _WidthGroup(nn.Cell):
 
     def _add_to_diagonal(self, blocks, values):
         """``blocks`` with ``values`` (broadcast to ``(k, w)``) added to each block's diagonal."""
-        return ops.matrix_set_diag(blocks, ops.matrix_diag_part(blocks, self.main_diagonal, self.no_padding) + values)
+        return ops.matrix_set_diag(blocks,
+                                   ops.matrix_diag_part(blocks, self.main_diagonal, self.no_padding) + values)
 
     def construct(self, lam, g_unscale, anchor):
         blocks = self.hyper_map(F.partial(_read_blocks, anchor, g_unscale), self.shapes, self.factors)
         blocks = ops.concat(blocks, 0) if self.count > 1 else blocks[0]
         if self.is_distributed:
             blocks = self.allreduce(blocks) * self.mean
-        # the damping and the residual's "- I" touch the diagonals only (MatrixDiagPart/MatrixSetDiag): the same
-        # values as adding (lam + p) * I and subtracting I, without an identity, a damping and a product of the
-        # blocks' full size (each a chunk-sized temporary of the THOR step)
+        # the damping and the residual's "- I" touch the diagonals only (MatrixDiagPart/MatrixSetDiag): the
+        # same values as adding (lam + p) * I and subtracting I, without an identity, a damping and a product
+        # of the blocks' full size (each a chunk-sized temporary of the THOR step)
         damped = self._add_to_diagonal(blocks, lam + self.pads)
         inverse = self.inverse(damped)
         good = pc.residual_accepted(ops.abs(self._add_to_diagonal(ops.bmm(damped, inverse), -1.0)), (1, 2))
@@ -180,8 +184,8 @@ class _WidthGroup(nn.Cell):
 
 
 class GroupedInversion(nn.Cell):
-    """The ``BATCHED`` strategy (``inversion.py``): every layer's damped inversion on a THOR step, one fused op
-    per factor on CPU, else one :class:`_WidthGroup` per chunk of a block width.
+    """The ``BATCHED`` strategy (``inversion.py``): every layer's damped inversion on a THOR step, one fused
+    op per factor on CPU, else one :class:`_WidthGroup` per chunk of a block width.
 
     ``slots``: the optimizer's ``LayerSlot``\\ s; ``layers``: the THOR layers in the same order (their factor
     Parameters are read); ``kernels``: THOR's fused CPU ops (``factor_kernels.FactorKernels``) or None.
@@ -238,21 +242,25 @@ class GroupedInversion(nn.Cell):
         return F.depend(self.zero_step, gradients)
 
     def construct(self, anchor, lam, factor_loss_scale):
-        return F.depend(self.zero_step, self._invert_all(lam, ops.reciprocal(ops.square(factor_loss_scale)), anchor))
+        return F.depend(self.zero_step,
+                        self._invert_all(lam, ops.reciprocal(ops.square(factor_loss_scale)), anchor))
 
     def _invert_all(self, lam, g_unscale, anchor):
         done = ()
         if self.fused:
             done = done + (self.hyper_map(F.partial(_fused_inverse, self.fused[0], self.reduce, anchor, lam,
-                                                    (self.one, g_unscale)), self.members, self.factors, self.inverses),)
+                                                    (self.one, g_unscale)),
+                                          self.members, self.factors, self.inverses),)
         for group in self.groups:
             stores = group(lam, g_unscale, anchor)
-            anchor = F.depend(anchor, stores)  # the next chunk reads after these stores: one chunk's temporaries live
+            # the next chunk reads after these stores: one chunk's temporaries live
+            anchor = F.depend(anchor, stores)
             done = done + (stores,)
         if self.has_embedding:
             factors = self.embedding_factors
             if self.is_distributed:
-                factors = self.hyper_map(F.partial(_mean_over_ranks, self.allreduce, self.mean, anchor), factors)
+                factors = self.hyper_map(F.partial(_mean_over_ranks, self.allreduce, self.mean, anchor),
+                                         factors)
             done = done + (self.hyper_map(F.partial(_store_diagonal, anchor, lam), factors,
                                           self.embedding_inverses),)
         return done

@@ -51,7 +51,8 @@ def choose_strategy(config: ThorConfig, rules: Sequence[InverseRule]) -> str:
         return Strategy.AVERAGED
     if config.ranks > 1 and config.distribute_inverses:
         return Strategy.SHARED
-    if config.trace_thresholds is None and not config.distribute_inverses and all(rule.plain for rule in rules):
+    if (config.trace_thresholds is None and not config.distribute_inverses
+            and all(rule.plain for rule in rules)):
         return Strategy.BATCHED
     return Strategy.PER_LAYER
 

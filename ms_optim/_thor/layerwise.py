@@ -1,7 +1,8 @@
-"""THOR's layer-by-layer inversion: the ``PER_LAYER`` strategy and the base of the strategies that decide per layer.
+"""THOR's layer-by-layer inversion: the ``PER_LAYER`` strategy and the base of the strategies that decide per
+layer.
 
-A THOR step under ``PER_LAYER`` (``inversion.choose_strategy``: MindSpore's device rules, the trace rule, or the
-inversion counter of ``distribute_inverses`` on one rank) reads every layer's factors after its weight's
+A THOR step under ``PER_LAYER`` (``inversion.choose_strategy``: MindSpore's device rules, the trace rule, or
+the inversion counter of ``distribute_inverses`` on one rank) reads every layer's factors after its weight's
 gradient, mean-all-reduces them over data-parallel ranks ("kfc"; nothing on one rank), and inverts each
 layer with ``slot.invert_layer``; with ``trace_thresholds`` only the layers the trace rule selects
 (``trace.decide``), each under an ``if`` on its decision.
@@ -37,7 +38,8 @@ class LayerInversion(nn.Cell):
 
     strategy = ""
 
-    def __init__(self, slots: nn.CellList, layers: Sequence, config: ThorConfig, kernels: Optional[object] = None):
+    def __init__(self, slots: nn.CellList, layers: Sequence, config: ThorConfig,
+                 kernels: Optional[object] = None):
         super().__init__(auto_prefix=False)  # the trace rule's and the counter's Parameters keep their names
         self.slots = slots
         self.num_layers = len(layers)
@@ -70,7 +72,8 @@ class LayerwiseInversion(LayerInversion):
 
     strategy = Strategy.PER_LAYER
 
-    def __init__(self, slots: nn.CellList, layers: Sequence, config: ThorConfig, kernels: Optional[object] = None):
+    def __init__(self, slots: nn.CellList, layers: Sequence, config: ThorConfig,
+                 kernels: Optional[object] = None):
         super().__init__(slots, layers, config, kernels)
         self.reduce_a = FactorAllReduce(self.num_layers, config.split_indices, ranks=config.ranks)
         self.reduce_g = FactorAllReduce(self.num_layers, config.split_indices, ranks=config.ranks)
@@ -84,7 +87,8 @@ class LayerwiseInversion(LayerInversion):
             if self.trace is None:
                 done += self._invert_into(i, a_factors[i], g_factors[i], lam)
             else:
-                refresh, decided = decide(self.trace, i, a_factors[i], g_factors[i], self.slots[i].is_embedding)
+                refresh, decided = decide(self.trace, i, a_factors[i], g_factors[i],
+                                          self.slots[i].is_embedding)
                 inverted = self.zero_step
                 if refresh:
                     inverted = F.depend(self.zero_step, self._invert_into(i, a_factors[i], g_factors[i], lam))

@@ -103,7 +103,8 @@ class ModelThor(Model):
     def __init__(self, network, loss_fn=None, optimizer=None, metrics=None, eval_network=None,
                  eval_indexes=None, amp_level="O0", **kwargs):
         self._sink_request: Optional[int] = None
-        super().__init__(network, loss_fn, optimizer, metrics, eval_network, eval_indexes, amp_level, **kwargs)
+        super().__init__(network, loss_fn, optimizer, metrics, eval_network, eval_indexes, amp_level,
+                         **kwargs)
         opt = optimizer
         if opt is None and isinstance(network, nn.TrainOneStepCell):
             opt = network.optimizer
@@ -119,10 +120,11 @@ class ModelThor(Model):
         return None
 
     def _build_train_network(self):
-        """The training cell (:meth:`_build_step_cell`), releasing its compilation's freed memory once compiled.
-        On CPU, float16 ``+`` in the graph goes through float32 (``ms_optim.float16_add_via_float32``: the same
-        bits, without the CPU ``Add`` kernel's per-element index arrays), for every graph the process compiles
-        from then on; ``ms_optim.restore_float16_add()`` gives ``+`` MindSpore's meaning back."""
+        """The training cell (:meth:`_build_step_cell`), releasing its compilation's freed memory once
+        compiled. On CPU, float16 ``+`` in the graph goes through float32
+        (``ms_optim.float16_add_via_float32``: the same bits, without the CPU ``Add`` kernel's per-element
+        index arrays), for every graph the process compiles from then on; ``ms_optim.restore_float16_add()``
+        gives ``+`` MindSpore's meaning back."""
         if context.get_context("device_target") == "CPU":
             float16_add_via_float32()
         return release_after_compile(self._build_step_cell())
@@ -139,14 +141,17 @@ class ModelThor(Model):
             amp_config["keep_batchnorm_fp32"] = self._keep_bn_fp32
         # MindSpore's own builder applies the precision level and wraps the loss; we keep only its
         # loss network and choose the step cell ourselves.
-        plain = amp.build_train_network(self._network, self._optimizer, self._loss_fn, level=level, **amp_config)
+        plain = amp.build_train_network(self._network, self._optimizer, self._loss_fn, level=level,
+                                        **amp_config)
         loss_network = plain.network
         if manager is None:
             return nn.TrainOneStepCell(loss_network, self._optimizer).set_train()
         update_cell = manager.get_update_cell()
         if update_cell is None:
-            return nn.TrainOneStepCell(loss_network, self._optimizer, float(manager.get_loss_scale())).set_train()
-        return TrainOneStepWithLossScaleCell(loss_network, self._optimizer, scale_sense=update_cell).set_train()
+            return nn.TrainOneStepCell(loss_network, self._optimizer,
+                                       float(manager.get_loss_scale())).set_train()
+        return TrainOneStepWithLossScaleCell(loss_network, self._optimizer,
+                                             scale_sense=update_cell).set_train()
 
     # ------------------------------------------------------------------ training loops
     def _train(self, epoch, train_dataset, callbacks=None, dataset_sink_mode=True, sink_size=-1,
@@ -157,8 +162,9 @@ class ModelThor(Model):
         else:
             self._sink_request = None
         try:
-            return super()._train(epoch, train_dataset, callbacks=callbacks, dataset_sink_mode=dataset_sink_mode,
-                                  sink_size=sink_size, initial_epoch=initial_epoch, **kwargs)
+            return super()._train(epoch, train_dataset, callbacks=callbacks,
+                                  dataset_sink_mode=dataset_sink_mode, sink_size=sink_size,
+                                  initial_epoch=initial_epoch, **kwargs)
         finally:
             self._sink_request = None
 
@@ -215,8 +221,8 @@ class ModelThor(Model):
             for _ in range(sink_size):
                 inputs = next(stream)
                 if self._loss_fn is not None and len(inputs) != 2:
-                    raise ValueError("When 'loss_fn' is not None, 'train_dataset' should return two elements, "
-                                     f"but got {len(inputs)}.")
+                    raise ValueError("When 'loss_fn' is not None, 'train_dataset' should return two "
+                                     f"elements, but got {len(inputs)}.")
                 cb_params.train_dataset_element = inputs
                 network = self._check_network_mode(network, True)
                 outputs = network(*inputs)
@@ -311,13 +317,14 @@ class ConvertModelUtils:
         """
         thor_opt = network.optimizer if isinstance(network, nn.TrainOneStepCell) else optimizer
         if _is_thor_optimizer(thor_opt):
-            _check_convert_arguments(network, loss_fn, metrics, amp_level, loss_scale_manager, keep_batchnorm_fp32,
-                                     frequency, thor_opt)
+            _check_convert_arguments(network, loss_fn, metrics, amp_level, loss_scale_manager,
+                                     keep_batchnorm_fp32, frequency, thor_opt)
         if isinstance(network, nn.TrainOneStepCell) and _is_thor_optimizer(network.optimizer):
             eval_net, eval_indexes = _user_eval_network(model)
             if eval_net is None:  # a training cell alone has no loss to build an evaluation network from
                 return ModelThor(network=network)
-            return ModelThor(network=network, metrics=metrics, eval_network=eval_net, eval_indexes=eval_indexes)
+            return ModelThor(network=network, metrics=metrics, eval_network=eval_net,
+                             eval_indexes=eval_indexes)
         if not _is_thor_optimizer(optimizer):
             return model
         eval_net, eval_indexes = _user_eval_network(model)

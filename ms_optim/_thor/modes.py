@@ -65,5 +65,7 @@ class Strategy:
 
     BATCHED = "batched"        # every layer at once: fused ops per factor (CPU) or batched per block width
     PER_LAYER = "per_layer"    # layer by layer (MindSpore's device rules, the trace rule)
-    SHARED = "shared"          # distribute_inverses on R > 1 ranks: each layer inverted by one owner, then shared
-    AVERAGED = "averaged"      # gpu/ascend on R > 1 ranks: every rank inverts its own factors, inverses averaged
+    SHARED = "shared"          # distribute_inverses on R > 1 ranks: each layer inverted by one owner,
+                               # then shared
+    AVERAGED = "averaged"      # gpu/ascend on R > 1 ranks: every rank inverts its own factors,
+                               # inverses averaged

@@ -34,7 +34,8 @@ Algorithm (one call of the optimizer is one step ``t``, its ``global_step``; ``f
     if weight_decay > 0:   g <- g + weight_decay * w           where decay_filter(w)
     if enable_clip_grad:   g <- g / max(||g||_2, 1)            per tensor
     accum <- momentum * accum + g
-    w     <- w - lr[t] * accum                                 (Nesterov: w <- w - lr[t] * (g + momentum * accum))
+    w     <- w - lr[t] * accum
+             (Nesterov: w <- w - lr[t] * (g + momentum * accum))
     t     <- t + 1;  every layer's thor_flag <- (t % f == 0)   # the layers collect A, G on the next step
 
 The ``thor_flag`` write is the schedule contract between this optimizer and the layers; it is
@@ -92,7 +93,8 @@ _NAME = "thor"
 
 # ----------------------------------------------------------------------------------- the optimizer
 class ThorOptimizer(Optimizer):
-    r"""THOR's optimizer Cell (built by ``ms_optim._thor.factory.thor``; the update rule is in the module docstring).
+    r"""THOR's optimizer Cell (built by ``ms_optim._thor.factory.thor``; the update rule is in the module
+    docstring).
 
     Public attributes (stable; ``ModelThor`` and the benchmarks rely on them):
 
@@ -164,8 +166,8 @@ class ThorOptimizer(Optimizer):
         self.matrix_g_cov = ParameterTuple([layer.matrix_g_cov for layer in self.thor_cells])
         self.thor_flags = ParameterTuple([layer.thor_flag for layer in self.thor_cells])
         self.inversion = build_inversion(self.strategy, self.slots, self.thor_cells, config, kernels)
-        self.factor_loss_scale = Parameter(Tensor(config.loss_scale, mstype.float32), name="factor_loss_scale",
-                                           requires_grad=False)
+        self.factor_loss_scale = Parameter(Tensor(config.loss_scale, mstype.float32),
+                                           name="factor_loss_scale", requires_grad=False)
         self.frequency_tensor = Tensor([self.frequency], mstype.int32)
         self.zero_step = Tensor([0], mstype.int32)
         self.one_step = Tensor([1], mstype.int32)
@@ -214,7 +216,8 @@ class ThorOptimizer(Optimizer):
         layerwise = self.strategy != Strategy.BATCHED
         inverse_out = None if kernels is None else kernels.block_inverse_out
         self.slots = nn.CellList([LayerSlot(i, layer, grad_index[i], self.config.factor_block_size, rules[i],
-                                            inverse_out, layerwise) for i, layer in enumerate(self.thor_cells)],
+                                            inverse_out, layerwise)
+                                  for i, layer in enumerate(self.thor_cells)],
                                  auto_prefix=False)
         none = (0, 0, 0)
         self.param_treatment = tuple((kind, self.slots[owner].g_geom if owner >= 0 else none,
@@ -225,7 +228,8 @@ class ThorOptimizer(Optimizer):
         self.param_a_inv = tuple(self.slots[owner].a_inv if owner >= 0 else no_inverse for owner in owners)
         self.batch_size_float = float(self.batch_size)
         self.precondition_kernel = () if kernels is None else (kernels.precondition,)
-        # one parameter after the other (precondition, decay, momentum) unless a rule needs all gradients at once
+        # one parameter after the other (precondition, decay, momentum) unless a rule needs all gradients
+        # at once
         self.sequential_update = self.config.sequential_update
 
     # ------------------------------------------------------------------ public helpers
@@ -260,7 +264,8 @@ class ThorOptimizer(Optimizer):
         if self.lr_steps is not None:
             step = check_schedule_length(_NAME, "learning_rate", self.lr_steps, self.lr_steps_tensor, step)
         if self.damping_steps is not None:
-            step = check_schedule_length(_NAME, "damping", self.damping_steps, self.damping_steps_tensor, step)
+            step = check_schedule_length(_NAME, "damping", self.damping_steps, self.damping_steps_tensor,
+                                         step)
         return step
 
     def _damping_at(self, step):
@@ -273,12 +278,14 @@ class ThorOptimizer(Optimizer):
 
         One ``hyper_map`` (``pc.precondition_parameter``), not a loop growing a tuple (GRAPH_MODE compiles
         that several times slower)."""
-        precondition = F.partial(pc.precondition_parameter, self.precondition_kernel, lam, self.batch_size_float)
-        return self.hyper_map(precondition, self.param_treatment, gradients, self.param_g_inv, self.param_a_inv)
+        precondition = F.partial(pc.precondition_parameter, self.precondition_kernel, lam,
+                                 self.batch_size_float)
+        return self.hyper_map(precondition, self.param_treatment, gradients, self.param_g_inv,
+                              self.param_a_inv)
 
     def _staged_update(self, params, gradients, lam):
-        """Precondition every gradient, then the rules that read all of them (KL clip, unit-norm clip), decay and
-        the momentum (or Nesterov) steps."""
+        """Precondition every gradient, then the rules that read all of them (KL clip, unit-norm clip), decay
+        and the momentum (or Nesterov) steps."""
         lr = self.get_lr()
         raw_gradients = gradients
         gradients = self._precondition(gradients, lam)
@@ -290,8 +297,10 @@ class ThorOptimizer(Optimizer):
         if self.enable_clip_grad:
             gradients = self.hyper_map(clip_to_unit_norm, gradients)
         if self.use_nesterov:
-            return self.hyper_map(F.partial(nesterov_step, self.momentum, lr), gradients, params, self.moments)
-        return self.hyper_map(F.partial(momentum_step, self.opt, self.momentum, lr), gradients, params, self.moments)
+            return self.hyper_map(F.partial(nesterov_step, self.momentum, lr), gradients, params,
+                                  self.moments)
+        return self.hyper_map(F.partial(momentum_step, self.opt, self.momentum, lr), gradients, params,
+                              self.moments)
 
     @jit(backend="ms_backend")
     def construct(self, gradients):
@@ -306,9 +315,10 @@ class ThorOptimizer(Optimizer):
         if ops.all(ops.equal(ops.floor_mod(step, self.frequency_tensor), self.zero_step)):
             refreshed = self.inversion(anchor, lam, self.factor_loss_scale)
         # The updates follow the THOR branch through its side effects (the stores of the inverses): every read
-        # of a parameter after it is ordered after it. Its token is still read once, on one scalar (a depend on the
-        # gradient tuple is one Depend per gradient): a branch whose result nothing reads makes MindSpore compile
-        # the rest of the step into both branches (ResNet-50: the update twice, 1775 and 1445 nodes).
+        # of a parameter after it is ordered after it. Its token is still read once, on one scalar (a depend
+        # on the gradient tuple is one Depend per gradient): a branch whose result nothing reads makes
+        # MindSpore compile the rest of the step into both branches (ResNet-50: the update twice, 1775 and
+        # 1445 nodes).
         lam = F.depend(lam, refreshed)
         if self.sequential_update:  # the same rules, one parameter at a time (ms_optim._thor.update)
             update = (self.opt, self.momentum, self.get_lr(),

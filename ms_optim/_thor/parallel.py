@@ -36,7 +36,8 @@ from typing import List, Optional, Sequence
 from mindspore import context, nn, ops
 from mindspore.communication import get_group_size
 
-__all__ = ["FactorAllReduce", "data_parallel_group_size", "fusion_groups", "sum_allreduce", "grouped_sum_allreduces"]
+__all__ = ["FactorAllReduce", "data_parallel_group_size", "fusion_groups", "sum_allreduce",
+           "grouped_sum_allreduces"]
 
 _DATA_PARALLEL_MODES = ("data_parallel", "hybrid_parallel")
 
@@ -104,7 +105,8 @@ class FactorAllReduce(nn.Cell):
         self.ordered = bool(ordered)
         self.groups = fusion_groups(self.num_layers, self.split_indices)
         if self.is_distributed:
-            self.allreduces = grouped_sum_allreduces(self.num_layers, self.split_indices, 1)  # fusion id 0: not fused
+            # fusion id 0: not fused
+            self.allreduces = grouped_sum_allreduces(self.num_layers, self.split_indices, 1)
             self.scale = 1.0 / self.group_size
 
     def construct(self, factors):

@@ -1,8 +1,8 @@
 """THOR's preconditioner: damping, (blocked) damped inverses and the ``G^-1 dW A^-1`` products.
 
 Pure functions of tensors, built only from ``mindspore.ops`` that have CPU, GPU and Ascend kernels
-(``MatrixInverse``, ``BatchMatMul``/``MatMul``, slicing, ``Stack``, ``Pad``, ``permute``), so they run unchanged in
-PYNATIVE_MODE and GRAPH_MODE. Shapes are Python constants fixed when the optimizer is built
+(``MatrixInverse``, ``BatchMatMul``/``MatMul``, slicing, ``Stack``, ``Pad``, ``permute``), so they run
+unchanged in PYNATIVE_MODE and GRAPH_MODE. Shapes are Python constants fixed when the optimizer is built
 (:class:`BlockLayout`), so GRAPH_MODE sees only static shapes.
 
 Blocked inverses (the default, as MindSpore does on GPU and Ascend). A factor ``F`` of size ``n x n``
@@ -263,11 +263,12 @@ def _precondition_parameter(kernel, lam, batch_size, treatment, gradient, g_inv,
     parameter's call, the inverse tuples kept 22 MiB more of compiled graph at ResNet-50."""
     kind, g_geom, a_geom = treatment
     if kind == MATRIX:
-        if kernel:  # the op reads a conv kernel's gradient as out x (in*kh*kw) itself: no reshapes in the graph
+        # the op reads a conv kernel's gradient as out x (in*kh*kw) itself: no reshapes in the graph
+        if kernel:
             return ops.cast(kernel[0](ops.cast(gradient, mstype.float32), g_inv, a_inv), F.dtype(gradient))
         shape = gradient.shape
-        g2 = precondition_matrix(ops.reshape(ops.cast(gradient, mstype.float32), (shape[0], -1)), g_inv, a_inv,
-                                 g_geom, a_geom)
+        g2 = precondition_matrix(ops.reshape(ops.cast(gradient, mstype.float32), (shape[0], -1)), g_inv,
+                                 a_inv, g_geom, a_geom)
         return ops.cast(ops.reshape(g2, shape), F.dtype(gradient))
     if kind == EMBEDDING:
         g32 = ops.cast(gradient, mstype.float32)

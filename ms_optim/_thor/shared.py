@@ -28,10 +28,13 @@ class SharedInversion(LayerInversion):
 
     strategy = Strategy.SHARED
 
-    def __init__(self, slots: nn.CellList, layers: Sequence, config: ThorConfig, kernels: Optional[object] = None):
+    def __init__(self, slots: nn.CellList, layers: Sequence, config: ThorConfig,
+                 kernels: Optional[object] = None):
         super().__init__(slots, layers, config, kernels)
-        self.reduce_a = FactorAllReduce(self.num_layers, config.split_indices, ordered=True, ranks=config.ranks)
-        self.reduce_g = FactorAllReduce(self.num_layers, config.split_indices, ordered=True, ranks=config.ranks)
+        self.reduce_a = FactorAllReduce(self.num_layers, config.split_indices, ordered=True,
+                                        ranks=config.ranks)
+        self.reduce_g = FactorAllReduce(self.num_layers, config.split_indices, ordered=True,
+                                        ranks=config.ranks)
 
     def construct(self, gradients, lam, factor_loss_scale):
         a_factors, g_factors = self.read_factors(gradients, factor_loss_scale)

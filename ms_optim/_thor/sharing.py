@@ -134,9 +134,10 @@ class InverseSharing(nn.Cell):
         self.owned = tuple(owner == self.rank for owner in self.owners)
         self.counts = bool(distribute)
         if self.counts:
-            self.inversion_count = Parameter(Tensor(np.zeros((self.num_layers,), np.int32)), name="inversion_count",
-                                             requires_grad=False)
-            self.one_hot = tuple(Tensor(np.eye(self.num_layers, dtype=np.int32)[i]) for i in range(self.num_layers))
+            self.inversion_count = Parameter(Tensor(np.zeros((self.num_layers,), np.int32)),
+                                             name="inversion_count", requires_grad=False)
+            self.one_hot = tuple(Tensor(np.eye(self.num_layers, dtype=np.int32)[i])
+                                 for i in range(self.num_layers))
         if self.is_distributed:
             self.allreduces: List = grouped_sum_allreduces(self.num_layers, split_indices, _FUSION_BASE)
 

@@ -64,9 +64,9 @@ class LayerSlot(nn.Cell):
         want = ((int(layer.a_dim),) if self.is_embedding else stored_shape(layer.a_dim, block_size),
                 stored_shape(layer.g_dim, block_size))
         if (tuple(layer.matrix_a_cov.shape), tuple(layer.matrix_g_cov.shape)) != want:
-            raise ValueError(f"THOR layer {index} stores its factors as {tuple(layer.matrix_a_cov.shape)} and "
-                             f"{tuple(layer.matrix_g_cov.shape)}, but the optimizer inverts blocks of {block_size}: "
-                             f"convert the net with that block size (thor() does).")
+            raise ValueError(f"THOR layer {index} stores its factors as {tuple(layer.matrix_a_cov.shape)} "
+                             f"and {tuple(layer.matrix_g_cov.shape)}, but the optimizer inverts blocks of "
+                             f"{block_size}: convert the net with that block size (thor() does).")
         self.rule = rule
         self.g_rule, self.max_scale = rule
         for name, value in rules.rule_constants(rule, self.a_layout, self.g_layout).items():
@@ -75,9 +75,9 @@ class LayerSlot(nn.Cell):
             self._layerwise_constants(kernel)
 
     def _layerwise_constants(self, kernel: Optional[object]) -> None:
-        """What :func:`invert_layer` reads: with the fused CPU ``kernel`` (``MsOptimBlockInverseOut``) its plans,
-        else the identity blocks and pad masks the composite inversion adds (a G under a special rule of
-        ``device_rules`` always takes the composite path)."""
+        """What :func:`invert_layer` reads: with the fused CPU ``kernel`` (``MsOptimBlockInverseOut``) its
+        plans, else the identity blocks and pad masks the composite inversion adds (a G under a special rule
+        of ``device_rules`` always takes the composite path)."""
         self.inverse_kernel = () if kernel is None else (kernel,)
         self.one = Tensor(1.0, mstype.float32)
         unused = Tensor(np.zeros((1,), np.float32))
@@ -86,8 +86,10 @@ class LayerSlot(nn.Cell):
         self.a_plan = self.a_layout.inverse_plan if fused_a else unused
         self.g_plan = self.g_layout.inverse_plan if self.g_fused else unused
         composite_a = kernel is None and not self.is_embedding
-        self.a_eye, self.a_pad_eye = (self.a_layout.eye, self.a_layout.pad_eye) if composite_a else (unused, unused)
-        self.g_eye, self.g_pad_eye = (unused, unused) if self.g_fused else (self.g_layout.eye, self.g_layout.pad_eye)
+        self.a_eye, self.a_pad_eye = ((self.a_layout.eye, self.a_layout.pad_eye) if composite_a
+                                      else (unused, unused))
+        self.g_eye, self.g_pad_eye = ((unused, unused) if self.g_fused
+                                      else (self.g_layout.eye, self.g_layout.pad_eye))
 
 
 def _fused_inverse(slot: LayerSlot, factor, lam, plan, geom):
@@ -99,8 +101,8 @@ def _fused_inverse(slot: LayerSlot, factor, lam, plan, geom):
 
 def layer_inverses(slot: LayerSlot, a_factor, g_factor, lam):
     """The new damped inverses of one layer and their acceptance, ``(Ainv, ok_a, Ginv, ok_g)``:
-    ``(A + lam I)^-1`` and ``(G + lam I)^-1`` (blocked; an embedding's A: ``1 / (a + lam)``), each ok if finite
-    and accurate (``preconditioner.accept_inverse``); G by the convention's rule where it has one
+    ``(A + lam I)^-1`` and ``(G + lam I)^-1`` (blocked; an embedding's A: ``1 / (a + lam)``), each ok if
+    finite and accurate (``preconditioner.accept_inverse``); G by the convention's rule where it has one
     (``device_rules.special_g_inverse``: MindSpore GPU's embedding product, Ascend's identity)."""
     if slot.is_embedding:
         new_a = pc.damped_diagonal_inverse(a_factor, lam)

@@ -21,7 +21,8 @@ so every rank decides the same), and ``||F||_tr`` the trace, ``||A (x) G||_tr = 
     c_i    <- c_i + 1                                          THOR steps since that inversion
     refresh_i = n_inv_i == 0                                   never inverted yet (step 0)
              or not (Delta_i < omega_1)                        large change (also Delta NaN/inf, T^last = 0)
-             or (not (Delta_i < omega_2) and c_i >= m_i)       moderate change, and the layer's interval is due
+             or (not (Delta_i < omega_2) and c_i >= m_i)       moderate change, and the layer's interval
+                                                               is due
     if refresh_i:   (A_{i-1} + lam I)^-1, (G_i + lam I)^-1 recomputed and stored (as the fixed schedule does)
                     T_i^last <- T_i^k;  c_i <- 0;  n_inv_i <- n_inv_i + 1
                     m_i <- 1 if (large change or first inversion) else min(2 m_i, 2**30)
@@ -55,7 +56,8 @@ from mindspore import Parameter, ParameterTuple, Tensor, nn, ops
 
 from ms_optim._validation import check_finite, check_non_negative, describe
 
-__all__ = ["check_trace_thresholds", "TraceSchedule", "decide", "decide_trace", "factor_trace", "MAX_INTERVAL"]
+__all__ = ["check_trace_thresholds", "TraceSchedule", "decide", "decide_trace", "factor_trace",
+           "MAX_INTERVAL"]
 
 #: Cap of the per-layer interval ``m`` (THOR steps), so its doubling never overflows int32.
 MAX_INTERVAL = 2**30
@@ -96,8 +98,8 @@ def check_trace_thresholds(value, cls_name: str = "thor") -> Optional[Tuple[floa
                              f"(omega_1, omega_2), but got a sequence of length {len(value)}: {value!r}.")
         omega_1, omega_2 = (_check_one(v, cls_name, value) for v in value)
         if omega_1 < omega_2:
-            raise ValueError(f"For '{cls_name}', the argument 'trace_thresholds' must be (omega_1, omega_2) with "
-                             f"omega_1 >= omega_2, but got {value!r}.")
+            raise ValueError(f"For '{cls_name}', the argument 'trace_thresholds' must be (omega_1, omega_2) "
+                             f"with omega_1 >= omega_2, but got {value!r}.")
         return omega_1, omega_2
     omega = _check_one(value, cls_name, value)
     return omega, omega
@@ -119,8 +121,8 @@ def factor_trace(factor, diagonal: bool):
 class TraceSchedule(nn.Cell):
     """The per-layer state and decision of the trace rule (module docstring), for ``num_layers`` layers.
 
-    :func:`decide` ``(schedule, i, a_factor, g_factor, a_diagonal)`` returns ``(refresh, done)``: the Boolean scalar
-    tensor ``refresh_i`` and the ``ops.assign`` results of the bookkeeping (``T^last``, ``c``, ``m``,
+    :func:`decide` ``(schedule, i, a_factor, g_factor, a_diagonal)`` returns ``(refresh, done)``: the Boolean
+    scalar tensor ``refresh_i`` and the ``ops.assign`` results of the bookkeeping (``T^last``, ``c``, ``m``,
     ``n_inv``), to order the step on. ``inversions`` (ParameterTuple, ``thor_inversions_<i>``) counts the
     inversions performed per layer.
     """
@@ -150,7 +152,8 @@ class TraceSchedule(nn.Cell):
 
 
 def decide(schedule: TraceSchedule, i: int, a_factor, g_factor, a_diagonal: bool):
-    """The rule for layer ``i`` of ``schedule`` on a THOR step: ``(refresh, done)``, see :class:`TraceSchedule`.
+    """The rule for layer ``i`` of ``schedule`` on a THOR step: ``(refresh, done)``, see
+    :class:`TraceSchedule`.
 
     A module function, not a method: GRAPH_MODE resolves it once, whatever the number of optimizers.
     """
@@ -165,7 +168,8 @@ def decide_trace(schedule: TraceSchedule, i: int, trace_now):
     interval = schedule.interval[i]
     first = ops.equal(schedule.inversions[i], schedule.zero)
     large = ops.logical_or(ops.logical_not(ops.less(delta, schedule.omega_1)), first)
-    due = ops.logical_and(ops.logical_not(ops.less(delta, schedule.omega_2)), ops.greater_equal(since, interval))
+    due = ops.logical_and(ops.logical_not(ops.less(delta, schedule.omega_2)),
+                          ops.greater_equal(since, interval))
     refresh = ops.logical_or(large, due)
     grown = ops.minimum(interval * 2, schedule.max_interval)
     new_interval = ops.select(refresh, ops.select(large, schedule.one, grown), interval)

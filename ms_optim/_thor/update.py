@@ -24,7 +24,8 @@ from mindspore.ops import functional as F
 
 from ms_optim._thor import preconditioner as pc
 
-__all__ = ["apply_decay", "clip_to_unit_norm", "momentum_step", "nesterov_step", "sequential_step", "write_flag"]
+__all__ = ["apply_decay", "clip_to_unit_norm", "momentum_step", "nesterov_step", "sequential_step",
+           "write_flag"]
 
 apply_decay = C.MultitypeFuncGraph("thor_apply_decay")
 clip_to_unit_norm = C.MultitypeFuncGraph("thor_clip_to_unit_norm")
@@ -88,6 +89,6 @@ def _sequential_step_tensor(update, precondition, treatment, decay, gradient, we
 
 @write_flag.register("Tensor", "Tensor")
 def _write_flag_tensor(value, flag):
-    """A layer's ``thor_flag`` <- ``value``: one ``hyper_map`` over the layers' flags at the end of the step (an
-    unrolled loop of assignments kept 11 MiB more of compiled graph at ResNet-50)."""
+    """A layer's ``thor_flag`` <- ``value``: one ``hyper_map`` over the layers' flags at the end of the step
+    (an unrolled loop of assignments kept 11 MiB more of compiled graph at ResNet-50)."""
     return ops.assign(flag, value)

@@ -41,7 +41,8 @@ try:  # MindSpore's own list schedule: subclassing it keeps `Optimizer.get_lr_pa
 except ImportError:  # pragma: no cover - only if MindSpore renames its private class
     _ListScheduleBase = LearningRateSchedule
 
-__all__ = ["OptimizerBase", "check_params", "check_learning_rate", "check_weight_decay", "check_schedule_length"]
+__all__ = ["OptimizerBase", "check_params", "check_learning_rate", "check_weight_decay",
+           "check_schedule_length"]
 
 
 def check_params(params: Any, cls_name: str, name: str = "params") -> List[Any]:
@@ -53,8 +54,8 @@ def check_params(params: Any, cls_name: str, name: str = "params") -> List[Any]:
         ValueError: empty, or the same Parameter twice (in the list, or in two groups).
     """
     if params is None or isinstance(params, (str, bytes, Tensor, dict)) or not isinstance(params, Iterable):
-        raise TypeError(f"For '{cls_name}', the argument '{name}' must be a list of Parameter or a list of dict, "
-                        f"but got {v.describe(params)}.")
+        raise TypeError(f"For '{cls_name}', the argument '{name}' must be a list of Parameter or a list of "
+                        f"dict, but got {v.describe(params)}.")
     params = list(params)
     if not params:
         raise ValueError(f"For '{cls_name}', the argument '{name}' must not be empty, but got [].")
@@ -71,8 +72,8 @@ def check_params(params: Any, cls_name: str, name: str = "params") -> List[Any]:
                 continue  # an {'order_params': ...} entry, checked by mindspore.nn.Optimizer
             members = group["params"]
             if isinstance(members, (str, bytes, Tensor, dict)) or not isinstance(members, Iterable):
-                raise TypeError(f"For '{cls_name}', the value of 'params' in a group of the argument '{name}' "
-                                f"must be a list of Parameter, but got {v.describe(members)}.")
+                raise TypeError(f"For '{cls_name}', the value of 'params' in a group of the argument "
+                                f"'{name}' must be a list of Parameter, but got {v.describe(members)}.")
             for member in members:
                 if not isinstance(member, Parameter):
                     raise TypeError(f"For '{cls_name}', every element of 'params' in a group of the argument "
@@ -90,8 +91,8 @@ def _check_each_once(params: List[Any], cls_name: str, name: str) -> None:
     for member in members:
         if id(member) in seen:
             where = "" if isinstance(params[0], Parameter) else " (across its groups)"
-            raise ValueError(f"For '{cls_name}', the argument '{name}' must hold each Parameter once, but it holds "
-                             f"the same Parameter '{member.name}' twice{where}.")
+            raise ValueError(f"For '{cls_name}', the argument '{name}' must hold each Parameter once, but it "
+                             f"holds the same Parameter '{member.name}' twice{where}.")
         seen.add(id(member))
 
 
@@ -103,7 +104,8 @@ def check_learning_rate(learning_rate: Any, cls_name: str, name: str = "learning
 
     Raises:
         TypeError: any other type (bool included), or a list element that is not a number.
-        ValueError: a negative, NaN or infinite number, an empty list, or a Tensor with more than one dimension.
+        ValueError: a negative, NaN or infinite number, an empty list, or a Tensor with more than one
+            dimension.
     """
     if isinstance(learning_rate, LearningRateSchedule):
         return learning_rate
@@ -112,18 +114,20 @@ def check_learning_rate(learning_rate: Any, cls_name: str, name: str = "learning
             raise ValueError(f"For '{cls_name}', the argument '{name}' must be a Tensor with ndim 0 or 1, "
                              f"but got shape {tuple(learning_rate.shape)}.")
         if learning_rate.ndim == 1 and learning_rate.shape[0] == 0:
-            raise ValueError(f"For '{cls_name}', the argument '{name}' must not be empty, but got an empty Tensor.")
+            raise ValueError(f"For '{cls_name}', the argument '{name}' must not be empty, but got an empty "
+                             f"Tensor.")
         return v.check_values(name, learning_rate, cls_name)
     if isinstance(learning_rate, (str, bytes, dict)) or isinstance(learning_rate, bool):
         v.check_number(name, learning_rate, cls_name)  # raises TypeError with the common message
     if isinstance(learning_rate, Iterable):
         values = learning_rate if isinstance(learning_rate, (list, tuple)) else list(learning_rate)
         if len(values) == 0:
-            raise ValueError(f"For '{cls_name}', the argument '{name}' must not be empty, but got {values!r}.")
+            raise ValueError(f"For '{cls_name}', the argument '{name}' must not be empty, but got "
+                             f"{values!r}.")
         for value in values:
             if not v._is_real(value):  # pylint: disable=protected-access
-                raise TypeError(f"For '{cls_name}', every element of the argument '{name}' must be an int or a "
-                                f"float, but got {v.describe(value)}.")
+                raise TypeError(f"For '{cls_name}', every element of the argument '{name}' must be an int or "
+                                f"a float, but got {v.describe(value)}.")
         v.check_values(name, values, cls_name)
         return values
     v.check_number(name, learning_rate, cls_name)
@@ -147,9 +151,9 @@ def check_schedule_length(owner: str, name: str, size: int, size_tensor: Tensor,
     """
     index = ops.reshape(step, ())
     if index >= size_tensor:
-        raise ValueError(f"For '{owner}', the argument '{name}'{where} gives {size} values, one per step, but step "
-                         f"{index + 1} was requested: give at least as many values as steps trained, or use a "
-                         f"schedule.")
+        raise ValueError(f"For '{owner}', the argument '{name}'{where} gives {size} values, one per step, "
+                         f"but step {index + 1} was requested: give at least as many values as steps "
+                         f"trained, or use a schedule.")
     return step
 
 
@@ -245,10 +249,12 @@ class OptimizerBase(nn.Optimizer):
         for index, group in enumerate(parameters):
             if isinstance(group, dict):
                 if "lr" in group:
-                    parameters[index] = group = {**group, "lr": check_learning_rate(group["lr"], cls_name, name="lr")}
+                    parameters[index] = group = {**group,
+                                                 "lr": check_learning_rate(group["lr"], cls_name, name="lr")}
                 if "weight_decay" in group:
                     parameters[index] = group = {**group,
-                                                 "weight_decay": check_weight_decay(group["weight_decay"], cls_name)}
+                                                 "weight_decay": check_weight_decay(group["weight_decay"],
+                                                                                    cls_name)}
         super().__init__(learning_rate, parameters, weight_decay, loss_scale)
         self._zero_decay = Tensor(0.0, mstype.float32)
         self._unit_scale = Tensor(1.0, mstype.float32)

@@ -17,8 +17,8 @@ The same library holds THOR's fused factor, preconditioning and inversion kernel
 (``ms_optim/_thor/factor_kernels.py``), from ``_thor_fused.cc``.
 
 Both are ``ops.Custom`` operators of type ``"aot"``: C++ in ``_fused.cc`` (package data, next to
-this module, with ``_thor_fused.cc``), compiled with the machine's ``g++`` at first use into a cache directory (see
-:func:`library_path` for its safety rules), keyed by a hash of the sources and flags, so later
+this module, with ``_thor_fused.cc``), compiled with the machine's ``g++`` at first use into a cache directory
+(see :func:`library_path` for its safety rules), keyed by a hash of the sources and flags, so later
 processes load it without compiling. They update
 ``w``/``m``/``v``/``accum`` in place (declared as written inputs, like ``Assign``), and return the
 trust ratio they used. Norms are accumulated in double precision.
@@ -47,8 +47,8 @@ import mindspore as ms
 from mindspore import ops
 from mindspore.ops import signature as sig
 
-__all__ = ["fused_switch_on", "fused_enabled", "library_path", "lamb_op", "lars_momentum_op", "FusedKernelWarning",
-           "SOURCE_FILES"]
+__all__ = ["fused_switch_on", "fused_enabled", "library_path", "lamb_op", "lars_momentum_op",
+           "FusedKernelWarning", "SOURCE_FILES"]
 
 #: The C++ sources, compiled together into one library.
 SOURCE_FILES = tuple(os.path.join(os.path.dirname(os.path.abspath(__file__)), name)
@@ -84,8 +84,8 @@ def _fallback(reason: str) -> None:
     """Record why the fused kernels are unavailable and say so once (one line)."""
     global _failed  # pylint: disable=global-statement
     if _failed is None:
-        _warn(f"ms_optim: fused CPU kernels unavailable ({reason}); using composite ops (same results, slower). "
-              f"Set MS_OPTIM_FUSED=0 to choose them and silence this warning.")
+        _warn(f"ms_optim: fused CPU kernels unavailable ({reason}); using composite ops (same results, "
+              f"slower). Set MS_OPTIM_FUSED=0 to choose them and silence this warning.")
     _failed = reason
 
 
@@ -122,7 +122,8 @@ def _damage(target: str) -> Optional[str]:
             recorded = handle.read().strip()
     except (OSError, UnicodeError):
         return "no build digest next to it"
-    return None if _sha256(target) == recorded else "its SHA-256 differs from the digest recorded at build time"
+    return (None if _sha256(target) == recorded
+            else "its SHA-256 differs from the digest recorded at build time")
 
 
 def _write_atomic(path: str, data: bytes) -> None:
@@ -138,7 +139,8 @@ def _write_atomic(path: str, data: bytes) -> None:
 
 
 def _build(compiler: str, sources: List[str], target: str) -> Optional[str]:
-    """Compile the ``sources`` (texts) into ``target`` atomically, its digest first; returns an error text or None."""
+    """Compile the ``sources`` (texts) into ``target`` atomically, its digest first; returns an error
+    text or None."""
     directory = os.path.dirname(target)
     with tempfile.TemporaryDirectory(dir=directory) as tmp:
         names = [f"fused{i}.cc" for i in range(len(sources))]
@@ -234,7 +236,8 @@ class _InplaceCustom(ops.Custom):
     Parameters correctly."""
 
     def __init__(self, func: str) -> None:
-        super().__init__(func, out_shape=lambda *shapes: [1], out_dtype=lambda *dtypes: ms.float32, func_type="aot")
+        super().__init__(func, out_shape=lambda *shapes: [1], out_dtype=lambda *dtypes: ms.float32,
+                         func_type="aot")
         self.add_prim_attr("side_effect_mem", True)
 
 

@@ -103,7 +103,8 @@ class Lamb(OptimizerBase):
 
     Raises:
         TypeError: ``beta1``, ``beta2`` or ``eps`` is not a float.
-        ValueError: ``beta1`` or ``beta2`` is not in (0, 1) (NaN included), or ``eps`` is not > 0 or not finite.
+        ValueError: ``beta1`` or ``beta2`` is not in (0, 1) (NaN included), or ``eps`` is not > 0 or not
+            finite.
         TypeError: ``weight_decay`` is not an int, float or Cell.
         ValueError: ``weight_decay`` is negative, NaN or infinite; ``learning_rate`` (or an element of a
             list or Tensor) is negative, NaN or infinite.
@@ -169,4 +170,5 @@ class Lamb(OptimizerBase):
             return self.hyper_map(F.partial(_lamb_step, self.fused_kernel, hyper),
                                   lrs, wds, self.params, self.moments1, self.moments2, gradients)
         return self.hyper_map(F.partial(_lamb_step, self.beta1, self.beta2, self.eps, bias1, bias2),
-                              lrs, wds, self.decay_flags, self.params, self.moments1, self.moments2, gradients)
+                              lrs, wds, self.decay_flags, self.params, self.moments1, self.moments2,
+                              gradients)

@@ -74,7 +74,8 @@ _lars_gradient = C.MultitypeFuncGraph("ms_optim_lars_gradient")
 
 
 @_lars_gradient.register("Tensor", "Tensor", "Bool", "Tensor", "Tensor", "Bool", "Bool", "Tensor", "Tensor")
-def _lars_gradient_tensor(epsilon, coefficient, use_clip, lr, weight_decay, decay_flag, lars_flag, weight, gradient):
+def _lars_gradient_tensor(epsilon, coefficient, use_clip, lr, weight_decay, decay_flag, lars_flag, weight,
+                          gradient):
     """``c * (g + wd*w)`` for a parameter LARS keeps, ``g`` unchanged for one it rejects."""
     if lars_flag:
         w = F.cast(weight, ms.float32)
@@ -104,7 +105,8 @@ def _lars_momentum_fused(kernel, apply_momentum, hyper, momentum, lr, weight_dec
     """LARS + Momentum for one parameter: the fused kernel for a kept parameter, MindSpore's own
     ApplyMomentum (what nn.Momentum runs) for a rejected one."""
     if lars_flag:
-        return F.depend(True, kernel(weight, accum, F.cast(gradient, ms.float32), lr, weight_decay, momentum, hyper))
+        return F.depend(True, kernel(weight, accum, F.cast(gradient, ms.float32), lr, weight_decay, momentum,
+                                     hyper))
     return F.depend(True, apply_momentum(weight, accum, lr, gradient, momentum))
 
 
@@ -130,13 +132,13 @@ def _checked_lr_steps(optimizer: nn.Optimizer, cls_name: str) -> int:
             continue  # a LearningRateSchedule: its values exist only at run time
         values = np.asarray(values, np.float64).reshape(-1)
         if values.size == 0:
-            raise ValueError(f"For '{cls_name}', the argument 'learning_rate' of the wrapped optimizer must not be "
-                             f"empty, but got [].")
+            raise ValueError(f"For '{cls_name}', the argument 'learning_rate' of the wrapped optimizer must "
+                             f"not be empty, but got [].")
         bad = ~np.isfinite(values) | (values < 0)
         if bad.any():
             index = int(np.argmax(bad))
-            raise ValueError(f"For '{cls_name}', the argument 'learning_rate' of the wrapped optimizer must hold "
-                             f"finite values >= 0, but element {index} is {float(values[index])!r}.")
+            raise ValueError(f"For '{cls_name}', the argument 'learning_rate' of the wrapped optimizer must "
+                             f"hold finite values >= 0, but element {index} is {float(values[index])!r}.")
     return min(sizes) if sizes else 0
 
 
@@ -165,7 +167,8 @@ class LARS(OptimizerBase):
               \dfrac{\text{coefficient} \cdot \|w\|}{\|g\| + \lambda \|w\| + \text{epsilon}}
                  & \|w\| > 0 \text{ and } \|g\| > 0 \\
               1 & \text{otherwise} \end{cases} \\
-        c &\leftarrow \min(c / \eta, 1) \quad \text{if use\_clip } (\eta \text{: the optimizer's learning rate}) \\
+        c &\leftarrow \min(c / \eta, 1) \quad
+             \text{if use\_clip } (\eta \text{: the optimizer's learning rate}) \\
         g' &= c \, (g + \lambda w)
 
     and ``optimizer`` then updates :math:`w` from :math:`g'` with its own rule (momentum, Lamb, ...)
@@ -224,7 +227,8 @@ class LARS(OptimizerBase):
     """
 
     def __init__(self, optimizer: nn.Optimizer, epsilon: float = 1e-05, coefficient: float = 0.001,
-                 use_clip: bool = False, lars_filter: Callable[[Parameter], bool] = default_lars_filter) -> None:
+                 use_clip: bool = False,
+                 lars_filter: Callable[[Parameter], bool] = default_lars_filter) -> None:
         cls = type(self).__name__
         V.check_type("optimizer", optimizer, nn.Optimizer, cls, what="a mindspore.nn.Optimizer")
         V.check_float("epsilon", epsilon, cls)
@@ -286,8 +290,9 @@ class LARS(OptimizerBase):
     @jit(backend="ms_backend")
     def construct(self, gradients):
         if self.lr_list_steps > 0:
-            check_schedule_length(self.owner_name, "learning_rate", self.lr_list_steps, self.lr_list_steps_tensor,
-                                  self.global_step, where=" of the wrapped optimizer")
+            check_schedule_length(self.owner_name, "learning_rate", self.lr_list_steps,
+                                  self.lr_list_steps_tensor, self.global_step,
+                                  where=" of the wrapped optimizer")
         # both read before the wrapped optimizer advances global_step
         lrs = self.lr_per_param(self.get_lr())
         wds = self.weight_decay_per_param()  # the wrapped optimizer's, loss scale divided out
@@ -295,8 +300,8 @@ class LARS(OptimizerBase):
         if self.use_fused:
             # the wrapped Momentum's own bookkeeping: it advances global_step after reading its lr
             self.assignadd(self.global_step, self.global_step_increase_tensor)
-            return self.hyper_map(F.partial(_lars_momentum, self.fused_kernel, self.apply_momentum, self.fused_hyper,
-                                            self.opt.momentum),
+            return self.hyper_map(F.partial(_lars_momentum, self.fused_kernel, self.apply_momentum,
+                                            self.fused_hyper, self.opt.momentum),
                                   lrs, wds, self.lars_flag, self.parameters, self.opt.moments, gradients)
         gradients = self.hyper_map(F.partial(_lars_gradient, self.epsilon, self.coefficient, self.use_clip),
                                    lrs, wds, self.decay_flags, self.lars_flag, self.parameters, gradients)
