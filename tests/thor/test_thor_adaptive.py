@@ -25,13 +25,25 @@ def _loss_net(net):
     return nn.WithLossCell(net, nn.SoftmaxCrossEntropyWithLogits(sparse=True, reduction="mean"))
 
 
-def _setup(rng, lr=LR, **kwargs):
+# the same oracle through other parts of THOR: the per-layer strategy (the trace rule at 0 re-inverts every
+# layer on every refresh), whole-matrix inverses, KL clipping (the rule measures the clipped update)
+CASES = {
+    "blocked": (dict(), dict()),
+    "trace_rule_at_zero": (dict(trace_thresholds=0.0), dict()),
+    "full": (dict(inverse="full"), dict(block_size=None)),
+    "kl_clip": (dict(kl_clip=1e-3), dict(kl_clip=1e-3)),
+}
+
+
+def _setup(rng, lr=LR, case="blocked", **kwargs):
     net = MLP()
     init_params(net, rng)
     settings = dict(SETTINGS, **kwargs)
+    opt_kwargs, ref_kwargs = CASES[case]
     ref = AdaptiveThorReference(MLPRef(), param_values(net), [lr], 0.9, batch_size=16,
-                                frequency=settings["frequency"], adapt_every=settings["adapt_every"])
-    opt = thor(net, Tensor(lr, ms.float32), "adaptive", 0.9, batch_size=16, **settings)
+                                frequency=settings["frequency"], adapt_every=settings["adapt_every"],
+                                **ref_kwargs)
+    opt = thor(net, Tensor(lr, ms.float32), "adaptive", 0.9, batch_size=16, **settings, **opt_kwargs)
     return net, opt, ref
 
 
@@ -57,14 +69,19 @@ def _exercised(ref):
     assert any(t % SETTINGS["frequency"] for t in ref.inversion_steps), ref.inversion_steps
 
 
-def test_adaptive_damping_matches_reference(mode, rng):
-    net, opt, ref = _setup(rng)
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_adaptive_damping_matches_reference(mode, rng, case):
+    net, opt, ref = _setup(rng, case=case)
+    if case == "trace_rule_at_zero":
+        assert opt.strategy == "per_layer"
     cell = ms_nn.TrainOneStepCell(_loss_net(net), opt).set_train()
     for step, (x, y) in enumerate(mlp_batches(rng, STEPS)):
         loss = cell(Tensor(x), Tensor(y))
         ref.step(x, y)
         _check_step(net, opt, ref, step, loss)
     _exercised(ref)
+    if case == "kl_clip":
+        assert min(ref.kl_nu) < 1.0  # the clip was active
 
 
 def test_adaptive_damping_under_dynamic_loss_scale(mode, rng):
