@@ -20,9 +20,10 @@ manager's updates drove to 0 or to a non-finite value stops the run before the s
 (ValueError naming the scale and the step; the parameters stay as after the previous step).
 ``build_train_network`` and ``ModelThor`` refuse such a ``loss_scale_manager`` before building anything.
 
-For an ms_optim THOR optimizer it also feeds the scale this step's backward pass used (read before
-the manager updates it) into the optimizer (``feed_loss_scale``), because the THOR layers' G factors
-carry that scale squared.
+For ``thor(..., damping="adaptive")`` it runs the extra forward pass of the damping rule after the optimizer
+(``ms_optim._thor.probe``; not on an overflowing step). For an ms_optim THOR optimizer it also feeds the scale
+this step's backward pass used (read before the manager updates it) into the optimizer (``feed_loss_scale``),
+because the THOR layers' G factors carry that scale squared.
 
 ``from ms_optim import nn`` gives this class as ``nn.TrainOneStepWithLossScaleCell``; ``ModelThor``
 uses it for ``DynamicLossScaleManager`` and ``FixedLossScaleManager(drop_overflow_update=True)``.
@@ -48,6 +49,7 @@ from mindspore.amp import DynamicLossScaleManager
 from mindspore.train import amp as _ms_amp
 
 from ms_optim._loss_scale_checks import check_loss_scale_at_step, check_loss_scale_manager, check_scale_sense
+from ms_optim._thor.probe import loss_probe_for
 
 __all__ = ["TrainOneStepWithLossScaleCell", "build_train_network"]
 
@@ -118,6 +120,8 @@ class TrainOneStepWithLossScaleCell(nn.TrainOneStepWithLossScaleCell):
             self.degree = 1
         self.overflow_status = Tensor(np.zeros(8, np.int32))  # start_overflow_check's placeholder, made once
         self.feeds_loss_scale = callable(getattr(optimizer, "feed_loss_scale", None))
+        # thor(..., damping="adaptive"): the loss after the update on the same batch (ms_optim._thor.probe)
+        self.loss_probe = loss_probe_for(network, optimizer)
 
     def set_sense_scale(self, sens):
         """Set a Tensor ``scale_sense`` to ``sens`` (as MindSpore's), refused as the constructor
@@ -142,6 +146,8 @@ class TrainOneStepWithLossScaleCell(nn.TrainOneStepWithLossScaleCell):
         overflow = self.process_loss_scale(cond)
         if not overflow:
             loss = ops.depend(loss, self.optimizer(grads))
+            if self.loss_probe is not None:
+                loss = self.loss_probe(loss, *inputs)
         return loss, cond, self.scale_sense  # after the manager's update, as MindSpore's cell returns it
 
     def start_overflow_check(self, pre_cond, compute_input):

@@ -46,6 +46,13 @@ The path of a ``thor(net, ...)`` call, and the module of each step:
     (``SHARED``: ``distribute_inverses`` on R > 1 ranks, with ``sharing.py``'s owners and counter),
     ``averaging.py`` (``AVERAGED``: "gpu"/"ascend" on R > 1 ranks, MindSpore's inverse averaging).
 
+``damping.py`` -- the damping rule, chosen when the optimizer is built: ``ScheduledDamping`` (the damping
+    Tensor, MindSpore's THOR) or ``adaptive.py``'s ``AdaptiveDamping`` (``damping="adaptive"``: the
+    Levenberg-Marquardt rule on the reduction ratio, the initial-damping heuristic, the re-inversion when the
+    damping changes), whose predicted change is ``quad_model.py``'s (from the stored Kronecker factors) and
+    whose measured change comes from ``probe.py``: the extra forward pass the training cells run after the
+    optimizer (``LossProbe``; ``TrainOneStepCell``, ``ms_optim.nn``'s).
+
 ``device_rules.py`` -- what MindSpore's ``ThorGpu``/``ThorAscend`` do to the inverses (``InverseRule`` per
     layer).
 

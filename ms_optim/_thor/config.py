@@ -35,24 +35,32 @@ from ms_optim._validation import (
     describe,
 )
 
-__all__ = ["ThorConfig", "validate_thor"]
+__all__ = ["ThorConfig", "validate_thor", "ADAPTIVE", "DEFAULT_ADAPT_EVERY", "DEFAULT_DAMPING_BOUNDS"]
 
 _NAME = "thor"
 _INT32_MAX = 2**31 - 1
 _FLOAT32_MAX = float(np.finfo(np.float32).max)
+#: ``thor(..., damping=ADAPTIVE)``: the damping follows the Levenberg-Marquardt rule (``_thor.adaptive``)
+ADAPTIVE = "adaptive"
+#: steps between two damping adaptations (Martens & Grosse's T1, kfac-jax's default interval)
+DEFAULT_ADAPT_EVERY = 5
+#: the range the adaptive damping is clipped to
+DEFAULT_DAMPING_BOUNDS = (1e-8, 1e4)
 
 
 @dataclass(frozen=True, eq=False)
 class ThorConfig:
     """Everything ``thor()`` was given, checked and in the types the optimizer stores.
 
+    ``damping`` is None for ``damping="adaptive"``, whose settings are ``adapt_every`` and
+    ``damping_bounds`` (both None otherwise; ``ms_optim._thor.adaptive``);
     ``split_indices`` is the fusion split as the all-reduces use it (None: one group);
     ``factor_convention`` is the concrete convention (``"auto"`` resolved); ``ranks`` is the
     data-parallel group size (1 on one device); ``trace_thresholds`` is None or ``(omega_1, omega_2)``.
     """
 
     learning_rate: Tensor
-    damping: Tensor
+    damping: Optional[Tensor]
     momentum: float
     weight_decay: float
     loss_scale: float
@@ -69,6 +77,13 @@ class ThorConfig:
     distribute_inverses: bool
     trace_thresholds: Optional[Tuple[float, float]]
     ranks: int
+    adapt_every: Optional[int] = None
+    damping_bounds: Optional[Tuple[float, float]] = None
+
+    @property
+    def adaptive_damping(self) -> bool:
+        """Whether the damping follows the Levenberg-Marquardt rule (``damping="adaptive"``)."""
+        return self.damping is None
 
     @property
     def factor_block_size(self) -> Optional[int]:
@@ -80,7 +95,7 @@ class ThorConfig:
         """``(argument, length)`` of each per-step (1-D) schedule: the step must stay inside them."""
         return tuple((name, int(value.shape[0])) for name, value in (("learning_rate", self.learning_rate),
                                                                     ("damping", self.damping))
-                     if value.ndim == 1)
+                     if value is not None and value.ndim == 1)
 
     @property
     def sequential_update(self) -> bool:
@@ -146,6 +161,44 @@ def _check_schedule(name: str, value: Any) -> Tensor:
     return value
 
 
+def _check_damping(damping: Any) -> Optional[Tensor]:
+    """A schedule Tensor (:func:`_check_schedule`), or the string ``"adaptive"`` (returns None)."""
+    if isinstance(damping, str):
+        if damping != ADAPTIVE:
+            raise ValueError(f"For '{_NAME}', the argument 'damping' must be a Tensor or '{ADAPTIVE}', "
+                             f"but got {damping!r}.")
+        return None
+    return _check_schedule("damping", damping)
+
+
+def _check_adaptive(adaptive: bool, adapt_every, damping_bounds, use_nesterov: bool):
+    """``adapt_every`` (None or an int >= 1) and ``damping_bounds`` (None or ``(low, high)``, finite float32
+    numbers with ``0 < low <= high``), given only with ``damping="adaptive"``; their defaults filled in."""
+    for name, value in (("adapt_every", adapt_every), ("damping_bounds", damping_bounds)):
+        if value is not None and not adaptive:
+            raise ValueError(f"For '{_NAME}', the argument '{name}' is read only with "
+                             f"damping='{ADAPTIVE}', but got {name}={value!r} with a damping Tensor.")
+    if not adaptive:
+        return None, None
+    if use_nesterov:
+        raise ValueError(f"For '{_NAME}', damping='{ADAPTIVE}' needs use_nesterov=False (its quadratic model "
+                         f"reads the update from the momentum accumulation), but got use_nesterov=True.")
+    if adapt_every is None:
+        adapt_every = DEFAULT_ADAPT_EVERY
+    _check_scalar("adapt_every", adapt_every, check_int, check_positive)
+    if damping_bounds is None:
+        return int(adapt_every), DEFAULT_DAMPING_BOUNDS
+    if not isinstance(damping_bounds, (list, tuple)) or len(damping_bounds) != 2 or any(
+            isinstance(v, bool) or not isinstance(v, (int, float)) for v in damping_bounds):
+        raise TypeError(f"For '{_NAME}', the argument 'damping_bounds' must be None or a pair (low, high) of "
+                        f"numbers, but got {describe(damping_bounds)}.")
+    low, high = (float(v) for v in damping_bounds)
+    if not all(np.isfinite((low, high))) or max(abs(low), abs(high)) > _FLOAT32_MAX or not 0 < low <= high:
+        raise ValueError(f"For '{_NAME}', the argument 'damping_bounds' must be (low, high) with "
+                         f"0 < low <= high, finite in float32, but got {tuple(damping_bounds)!r}.")
+    return int(adapt_every), (low, high)
+
+
 def _check_net(net, convention: str) -> int:
     """The net is a Cell holding trainable parameters and at least one layer THOR preconditions under
     ``convention``, and not itself a bare plain layer; returns its number of THOR layers."""
@@ -193,17 +246,19 @@ def _fusion_splits(split_indices, num_layers: int, ranks: int) -> Optional[Tuple
 
 def validate_thor(net, learning_rate, damping, momentum, weight_decay, loss_scale, batch_size, use_nesterov,
                   decay_filter, split_indices, enable_clip_grad, frequency, *, inverse, block_size, kl_clip,
-                  factor_convention, distribute_inverses, trace_thresholds) -> ThorConfig:
+                  factor_convention, distribute_inverses, trace_thresholds, adapt_every=None,
+                  damping_bounds=None) -> ThorConfig:
     """Check every argument of ``thor()`` (its docstring lists the errors); nothing is modified."""
     check_type("net", net, nn.Cell, _NAME, what="a Cell")
     _check_schedule("learning_rate", learning_rate)
-    _check_schedule("damping", damping)
+    damping = _check_damping(damping)
     _check_scalar("momentum", momentum, check_float, check_non_negative)
     _check_scalar("weight_decay", weight_decay, check_number, check_non_negative)
     _check_scalar("loss_scale", loss_scale, check_number, check_positive)
     batch_size = _whole_number("batch_size", batch_size)
     _check_scalar("batch_size", batch_size, check_int, check_positive)
     check_bool("use_nesterov", use_nesterov, _NAME)
+    adapt_every, damping_bounds = _check_adaptive(damping is None, adapt_every, damping_bounds, use_nesterov)
     check_callable("decay_filter", decay_filter, _NAME)
     # MindSpore's thor tests its truth value: 0 and 1 train there too
     if not isinstance(enable_clip_grad, int):
@@ -235,4 +290,5 @@ def validate_thor(net, learning_rate, damping, momentum, weight_decay, loss_scal
                       enable_clip_grad=bool(enable_clip_grad), frequency=int(frequency), inverse=inverse,
                       block_size=int(block_size), kl_clip=None if kl_clip is None else float(kl_clip),
                       factor_convention=convention, distribute_inverses=bool(distribute_inverses),
-                      trace_thresholds=thresholds, ranks=ranks)
+                      trace_thresholds=thresholds, ranks=ranks, adapt_every=adapt_every,
+                      damping_bounds=damping_bounds)

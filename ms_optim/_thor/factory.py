@@ -40,7 +40,8 @@ def build_thor(net: nn.Cell, config: ThorConfig) -> ThorOptimizer:
 def thor(net, learning_rate, damping, momentum, weight_decay=0.0, loss_scale=1.0, batch_size=32,
          use_nesterov=False, decay_filter=lambda x: x.name not in [], split_indices=None,
          enable_clip_grad=False, frequency=100, *, inverse="blocked", block_size=128, kl_clip=None,
-         factor_convention="auto", distribute_inverses=False, trace_thresholds=None):
+         factor_convention="auto", distribute_inverses=False, trace_thresholds=None, adapt_every=None,
+         damping_bounds=None):
     r"""THOR, the second-order optimizer, with the signature of MindSpore's THOR factory, on every backend.
 
     Validates every argument first (a refused call leaves ``net`` untouched), then converts ``net``
@@ -54,8 +55,14 @@ def thor(net, learning_rate, damping, momentum, weight_decay=0.0, loss_scale=1.0
     Args:
         net (Cell): the training network (converted in place).
         learning_rate (Tensor): per-step learning rates (1-D, indexed by the step) or one 0-D value.
-        damping (Tensor): per-step damping (1-D) or one 0-D value; ``sqrt(damping)`` is added to the
-            factors' diagonals.
+        damping (Union[Tensor, str]): per-step damping (1-D) or one 0-D value; ``sqrt(damping)`` is added to
+            the factors' diagonals. Or ``"adaptive"``: no schedule; the damping starts from a heuristic on
+            the first step's factors and follows a Levenberg-Marquardt rule on the reduction ratio (the loss
+            change of a step over the change THOR's quadratic model predicted), measured every
+            ``adapt_every`` steps with an extra forward pass of the training cell; the inverses are
+            recomputed when it changes (``ms_optim._thor.adaptive`` has the formulas). Train with
+            ``ms_optim.nn.TrainOneStepCell``, ``ms_optim.nn.TrainOneStepWithLossScaleCell`` or ``ModelThor``,
+            which run that pass.
         momentum (float): momentum, at least 0.0.
         weight_decay (int, float): L2 penalty ``wd * w`` added on parameters ``decay_filter`` keeps.
             Default: 0.0.
@@ -122,12 +129,17 @@ def thor(net, learning_rate, damping, momentum, weight_decay=0.0, loss_scale=1.0
             inversion is ``>= omega_1``, or ``>= omega_2`` once its interval (doubling after each such
             refresh) has elapsed (``ms_optim._thor.trace``: the rule, its state Parameters and the inversion
             counters).
+        adapt_every (int, keyword-only): with ``damping="adaptive"``, steps between two damping adaptations
+            (at least 1). Default: None (5, Martens & Grosse's and kfac-jax's interval).
+        damping_bounds (keyword-only): with ``damping="adaptive"``, ``(low, high)``, ``0 < low <= high``: the
+            range the damping is clipped to. Default: None (``(1e-8, 1e4)``).
 
     Returns:
         ThorOptimizer, a ``mindspore.nn.Optimizer``.
 
     Raises:
-        TypeError: If `learning_rate` or `damping` is not a Tensor.
+        TypeError: If `learning_rate` is not a Tensor, or `damping` neither a Tensor nor a str; if
+            `damping_bounds` is not None or a pair of numbers; if `adapt_every` is not an int.
         TypeError: If `momentum` is not a float, `frequency` not an int, `batch_size` not an int or float,
             `loss_scale`, `weight_decay` or `kl_clip` (unless None) not a number, `use_nesterov` not a bool,
             `enable_clip_grad` not a bool or int,
@@ -148,11 +160,19 @@ def thor(net, learning_rate, damping, momentum, weight_decay=0.0, loss_scale=1.0
             non-negative ints; if
             `net` has no layer THOR can precondition or no trainable parameter; if `net` is itself a
             bare plain layer (``nn.Dense``, ...), which cannot be replaced in place: wrap it in a Cell.
+        ValueError: If `damping` is a str other than 'adaptive'; if `adapt_every` or `damping_bounds` is given
+            with a damping Tensor; if `adapt_every` is less than 1 or beyond int32; if `damping_bounds` is not
+            ``(low, high)`` with ``0 < low <= high`` finite in float32; if `damping` is 'adaptive' and
+            `use_nesterov` True.
         ValueError (at run time): If the step runs past the end of `learning_rate` or `damping`.
+        RuntimeError (when the step is compiled): If `damping` is 'adaptive' and the optimizer is stepped by a
+            cell that does not run the extra forward pass (MindSpore's own ``nn.TrainOneStepCell`` or
+            ``Model``).
     """
     config = validate_thor(net, learning_rate, damping, momentum, weight_decay, loss_scale, batch_size,
                            use_nesterov, decay_filter, split_indices, enable_clip_grad, frequency,
                            inverse=inverse, block_size=block_size, kl_clip=kl_clip,
                            factor_convention=factor_convention, distribute_inverses=distribute_inverses,
-                           trace_thresholds=trace_thresholds)
+                           trace_thresholds=trace_thresholds, adapt_every=adapt_every,
+                           damping_bounds=damping_bounds)
     return build_thor(net, config)

@@ -19,7 +19,8 @@ layers' ``thor_flag`` (see ``ms_optim._thor``), so both loops, any ``sink_size``
 The training cell is built as MindSpore's ``Model`` builds it (``amp_level`` O0/O1/O2/O3/auto,
 ``keep_batchnorm_fp32``, loss wrapping), with one portable difference in loss scaling:
 
-* no manager: ``TrainOneStepCell`` (sens 1);
+* no manager: ``TrainOneStepCell`` (sens 1; ms_optim's, ``ms_optim._thor.probe``: MindSpore's cell, plus the
+  extra forward pass of ``thor(..., damping="adaptive")``);
 * ``FixedLossScaleManager(s, drop_overflow_update=False)``: ``TrainOneStepCell`` with ``sens = s``;
   the gradients reach the optimizer multiplied by ``s`` (THOR's ``loss_scale`` divides it out);
 * ``DynamicLossScaleManager`` or ``FixedLossScaleManager(drop_overflow_update=True)``: a
@@ -57,6 +58,7 @@ from ms_optim._float16_add import float16_add_via_float32
 from ms_optim._loss_scale_checks import check_loss_scale_manager
 from ms_optim._memory import release_after_compile
 from ms_optim._thor.optimizer import ThorOptimizer
+from ms_optim._thor.probe import TrainOneStepCell
 from ms_optim._validation import check_bool, check_int, check_type, describe
 from ms_optim.loss_scale import TrainOneStepWithLossScaleCell
 
@@ -145,11 +147,11 @@ class ModelThor(Model):
                                         **amp_config)
         loss_network = plain.network
         if manager is None:
-            return nn.TrainOneStepCell(loss_network, self._optimizer).set_train()
+            return TrainOneStepCell(loss_network, self._optimizer).set_train()
         update_cell = manager.get_update_cell()
         if update_cell is None:
-            return nn.TrainOneStepCell(loss_network, self._optimizer,
-                                       float(manager.get_loss_scale())).set_train()
+            return TrainOneStepCell(loss_network, self._optimizer,
+                                    float(manager.get_loss_scale())).set_train()
         return TrainOneStepWithLossScaleCell(loss_network, self._optimizer,
                                              scale_sense=update_cell).set_train()
 

@@ -70,6 +70,7 @@ from mindspore.ops import operations as P
 
 from ms_optim._thor import preconditioner as pc
 from ms_optim._thor.config import ThorConfig
+from ms_optim._thor.damping import build_damping_rule
 from ms_optim._thor.device_rules import inverse_rules
 from ms_optim._thor.factor_kernels import factor_kernels
 from ms_optim._thor.inversion import build_inversion, choose_strategy
@@ -147,12 +148,8 @@ class ThorOptimizer(Optimizer):
         self.decay_flags = tuple(bool(config.decay_filter(p)) for p in self._parameters)
         self.weight_decay_tensor = Tensor(self.weight_decay, mstype.float32)
         self.exec_weight_decay = False  # nn.Optimizer's own decay path stays off
-        # learning rate / damping schedules and their lengths (None: a 0-D Tensor, no end)
-        damping = config.damping
+        # learning rate schedule's length (None: a 0-D Tensor, no end); the damping's is its rule's
         self.lr_steps = int(config.learning_rate.shape[0]) if config.learning_rate.ndim == 1 else None
-        self.damping = Tensor(damping.asnumpy().astype(np.float32).reshape(-1))
-        self.damping_steps = int(damping.shape[0]) if damping.ndim == 1 else None
-        self.damping_is_scalar = damping.ndim == 0
 
         self.thor_cells = tuple(layers)
         self.num_layers = len(self.thor_cells)
@@ -166,13 +163,13 @@ class ThorOptimizer(Optimizer):
         self.matrix_g_cov = ParameterTuple([layer.matrix_g_cov for layer in self.thor_cells])
         self.thor_flags = ParameterTuple([layer.thor_flag for layer in self.thor_cells])
         self.inversion = build_inversion(self.strategy, self.slots, self.thor_cells, config, kernels)
+        self._build_damping_rule()
         self.factor_loss_scale = Parameter(Tensor(config.loss_scale, mstype.float32),
                                            name="factor_loss_scale", requires_grad=False)
         self.frequency_tensor = Tensor([self.frequency], mstype.int32)
         self.zero_step = Tensor([0], mstype.int32)
         self.one_step = Tensor([1], mstype.int32)
         self.lr_steps_tensor = Tensor(self.lr_steps or 0, mstype.int32)
-        self.damping_steps_tensor = Tensor(self.damping_steps or 0, mstype.int32)
         self.sync_thor_flags()
 
     @property
@@ -226,11 +223,31 @@ class ThorOptimizer(Optimizer):
         no_inverse = Tensor(np.zeros((1,), np.float32))  # for the parameters of no THOR layer (never read)
         self.param_g_inv = tuple(self.slots[owner].g_inv if owner >= 0 else no_inverse for owner in owners)
         self.param_a_inv = tuple(self.slots[owner].a_inv if owner >= 0 else no_inverse for owner in owners)
+        self._param_owners = tuple(owners)
         self.batch_size_float = float(self.batch_size)
         self.precondition_kernel = () if kernels is None else (kernels.precondition,)
         # one parameter after the other (precondition, decay, momentum) unless a rule needs all gradients
         # at once
         self.sequential_update = self.config.sequential_update
+
+    def _build_damping_rule(self) -> None:
+        """``damping_rule`` (``ms_optim._thor.damping``): the schedule, or the adaptive rule with each
+        parameter's layer's stored factors for its quadratic model; ``damping`` is the schedule Tensor or the
+        adaptive rule's Parameter."""
+        self.damping_rule = build_damping_rule(self.config, self.thor_cells, self.param_treatment,
+                                               self.batch_size_float)
+        if self.config.adaptive_damping:
+            none = Tensor(np.zeros((1,), np.float32))  # for the parameters of no THOR layer (never read)
+            owners = self._param_owners
+            self.damping_rule.set_param_factors(
+                tuple(self.thor_cells[i].matrix_a_cov if i >= 0 else none for i in owners),
+                tuple(self.thor_cells[i].matrix_g_cov if i >= 0 else none for i in owners))
+            self.damping = self.damping_rule.value
+            self.damping_steps = None
+        else:
+            self.damping = self.damping_rule.damping
+            self.damping_steps = self.damping_rule.steps
+        self.damping_steps_tensor = Tensor(self.damping_steps or 0, mstype.int32)
 
     # ------------------------------------------------------------------ public helpers
     def get_frequency(self) -> int:
@@ -268,11 +285,6 @@ class ThorOptimizer(Optimizer):
                                          step)
         return step
 
-    def _damping_at(self, step):
-        if self.damping_is_scalar:
-            return ops.reshape(self.damping, ())
-        return ops.reshape(ops.gather(self.damping, step, 0), ())
-
     def _precondition(self, gradients, lam):
         """Apply the stored inverses (Dense/Conv/Embedding) and the LayerNorm rule; others unchanged.
 
@@ -307,13 +319,17 @@ class ThorOptimizer(Optimizer):
         params = self._parameters
         gradients = self.scale_grad(gradients)
         step = self._check_schedules(self.global_step)
-        lam = ops.sqrt(self._damping_at(step))
         next_flag = ops.reshape(ops.equal(ops.floor_mod(step + self.one_step, self.frequency_tensor),
                                           self.zero_step), ())
         refreshed = self.zero_step
         anchor = self.inversion.anchor(gradients)  # what the THOR branch reads the factors after
-        if ops.all(ops.equal(ops.floor_mod(step, self.frequency_tensor), self.zero_step)):
-            refreshed = self.inversion(anchor, lam, self.factor_loss_scale)
+        damping = self.damping_rule(step, anchor, self.factor_loss_scale)  # ms_optim._thor.damping
+        lam = ops.sqrt(damping)
+        thor_step = ops.all(ops.equal(ops.floor_mod(step, self.frequency_tensor), self.zero_step))
+        if self.damping_rule.refresh(thor_step, damping):  # a THOR step (or, adaptive: a new damping)
+            refreshed = self.inversion(anchor, lam, self.damping_rule.inversion_scale(thor_step,
+                                                                                      self.factor_loss_scale,
+                                                                                      damping))
         # The updates follow the THOR branch through its side effects (the stores of the inverses): every read
         # of a parameter after it is ordered after it. Its token is still read once, on one scalar (a depend
         # on the gradient tuple is one Depend per gradient): a branch whose result nothing reads makes
@@ -329,5 +345,6 @@ class ThorOptimizer(Optimizer):
                                      self.param_g_inv, self.param_a_inv)
         else:
             success = self._staged_update(params, gradients, lam)
+        success = self.damping_rule.after_update(success, step, gradients, self.get_lr(), self.moments)
         success = F.depend(success, self.assignadd(self.global_step, self.global_step_increase_tensor))
         return F.depend(success, self.hyper_map(F.partial(write_flag, next_flag), self.thor_flags))

@@ -3,7 +3,9 @@
 The optimizers and THOR layers below are ms_optim's own implementations; every other name
 (`nn.Dense`, `nn.Momentum`, `nn.Cell`, ...) is MindSpore's, so a script needs no other change.
 `_EXPORTS` re-implements MindSpore's names (what `ms_optim.use()` replaces); `_EXTRAS` are ms_optim's
-own additions, which MindSpore has no name for (`Conv1dThor`).
+own additions: names MindSpore has not (`Conv1dThor`), and `TrainOneStepCell`, MindSpore's cell plus the
+extra forward pass of `thor(..., damping="adaptive")`, which `use()` leaves alone (MindSpore's
+`nn.TrainOneStepCell` stays MindSpore's; an adaptive THOR optimizer refuses to be stepped by it).
 """
 from ms_optim._facade import lazy_dir, lazy_getattr
 
@@ -20,6 +22,8 @@ _EXPORTS = {
 }
 _EXTRAS = {
     "Conv1dThor": "ms_optim._thor.layers",
+    # MindSpore's cell plus the extra forward pass of thor(..., damping="adaptive"); not installed by use()
+    "TrainOneStepCell": "ms_optim._thor.probe",
 }
 
 __all__ = sorted({**_EXPORTS, **_EXTRAS})

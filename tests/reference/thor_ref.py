@@ -209,16 +209,31 @@ class ThorReference:
     def _at(self, schedule: Array) -> float:
         return float(schedule[0] if schedule.size == 1 else schedule[self.t])
 
+    def damping_now(self, factors: Dict[str, Tuple[Array, Array]]) -> float:
+        """The damping of step ``t``: ``damping[t]`` (the adaptive rule's oracle overrides it)."""
+        return self._at(self.damping)
+
+    def refresh_due(self) -> bool:
+        """Whether step ``t`` inverts: a THOR step (the adaptive rule's oracle overrides it)."""
+        return self.t % self.frequency == 0
+
+    def inversion_factors(self, factors: Dict[str, Tuple[Array, Array]]) -> Dict[str, Tuple[Array, Array]]:
+        """The factors a refresh inverts: this step's (the adaptive rule's oracle overrides it)."""
+        return factors
+
     def step(self, x: Array, y: Array) -> Dict[str, Array]:
         loss, grads, factors = self.model.forward_backward(self.params, x, y)
         self.losses.append(loss)
-        lam = math.sqrt(self._at(self.damping))
-        if self.t % self.frequency == 0:
+        self.grads = grads
+        damping = self.damping_now(factors)
+        lam = math.sqrt(damping)
+        if self.refresh_due():
+            factors = self.inversion_factors(factors)
             for name, kind in self.model.layers:
                 if not self.refresh_layer(name, kind, factors[name]):
                     continue
                 if self.inverses is not None:
-                    self.a_inv[name], self.g_inv[name] = self.inverses(self.model.raw[name], self._at(self.damping))
+                    self.a_inv[name], self.g_inv[name] = self.inverses(self.model.raw[name], damping)
                     continue
                 a, g = factors[name]
                 self.a_inv[name] = 1.0 / (a + lam) if kind == "embedding" else block_inverse(a, lam, self.block_size)

@@ -1,0 +1,184 @@
+"""``thor(..., damping="adaptive")`` against its float64 oracle (``reference.thor_adaptive_ref``): the
+initial damping, the inversions a changed damping causes, the quadratic model's q, the reduction ratio and
+the Levenberg-Marquardt update, step by step, in both modes and through every training cell that runs the
+extra forward pass; the refusals."""
+import mindspore as ms
+import numpy as np
+import pytest
+from mindspore import Tensor, nn
+from mindspore.amp import DynamicLossScaleManager
+from reference.thor_adaptive_ref import AdaptiveThorReference
+from reference.thor_ref import MLPRef
+from support.nets import MLP, labelled_batches
+from support.params import param_values
+from support.thor_runs import RTOL, compare, init_params, mlp_batches
+
+from ms_optim import nn as ms_nn
+from ms_optim import thor
+
+LR = 0.05
+STEPS = 8
+SETTINGS = dict(frequency=3, adapt_every=2)
+
+
+def _loss_net(net):
+    return nn.WithLossCell(net, nn.SoftmaxCrossEntropyWithLogits(sparse=True, reduction="mean"))
+
+
+# the same oracle through other parts of THOR: the per-layer strategy (the trace rule at 0 re-inverts every
+# layer on every refresh), whole-matrix inverses, KL clipping (the rule measures the clipped update)
+CASES = {
+    "blocked": (dict(), dict()),
+    "trace_rule_at_zero": (dict(trace_thresholds=0.0), dict()),
+    "full": (dict(inverse="full"), dict(block_size=None)),
+    "kl_clip": (dict(kl_clip=1e-3), dict(kl_clip=1e-3)),
+}
+
+
+def _setup(rng, lr=LR, case="blocked", **kwargs):
+    net = MLP()
+    init_params(net, rng)
+    settings = dict(SETTINGS, **kwargs)
+    opt_kwargs, ref_kwargs = CASES[case]
+    ref = AdaptiveThorReference(MLPRef(), param_values(net), [lr], 0.9, batch_size=16,
+                                frequency=settings["frequency"], adapt_every=settings["adapt_every"],
+                                **ref_kwargs)
+    opt = thor(net, Tensor(lr, ms.float32), "adaptive", 0.9, batch_size=16, **settings, **opt_kwargs)
+    return net, opt, ref
+
+
+def _check_step(net, opt, ref, step, loss):
+    rule = opt.damping_rule
+    np.testing.assert_allclose(float(loss.asnumpy()), ref.losses[-1], rtol=RTOL,
+                               err_msg=f"loss at step {step}")
+    compare(net, ref, step)
+    np.testing.assert_allclose(float(rule.value.asnumpy()), ref.dampings[-1], rtol=1e-5,
+                               err_msg=f"damping after step {step}")
+    if ref.ratios and ref.ratios[-1][0] == step:
+        np.testing.assert_allclose(float(rule.predicted.asnumpy()), ref.predicted[-1][1], rtol=RTOL,
+                                   err_msg=f"q of step {step}")
+        np.testing.assert_allclose(float(rule.loss_change.asnumpy()), ref.changes[-1][1], rtol=1e-2,
+                                   atol=1e-5, err_msg=f"L1 - L0 of step {step}")
+        np.testing.assert_allclose(float(rule.ratio.asnumpy()), ref.ratios[-1][1], rtol=1e-2, atol=1e-4,
+                                   err_msg=f"reduction ratio of step {step}")
+
+
+def _exercised(ref):
+    """The run must have moved the damping both ways or at least once, and re-inverted off the THOR steps."""
+    assert len(set(ref.dampings)) > 1, ref.dampings
+    assert any(t % SETTINGS["frequency"] for t in ref.inversion_steps), ref.inversion_steps
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_adaptive_damping_matches_reference(mode, rng, case):
+    net, opt, ref = _setup(rng, case=case)
+    if case == "trace_rule_at_zero":
+        assert opt.strategy == "per_layer"
+    cell = ms_nn.TrainOneStepCell(_loss_net(net), opt).set_train()
+    for step, (x, y) in enumerate(mlp_batches(rng, STEPS)):
+        loss = cell(Tensor(x), Tensor(y))
+        ref.step(x, y)
+        _check_step(net, opt, ref, step, loss)
+    _exercised(ref)
+    if case == "kl_clip":
+        assert min(ref.kl_nu) < 1.0  # the clip was active
+
+
+def test_adaptive_damping_under_dynamic_loss_scale(mode, rng):
+    """The loss-scale cell: the same unscaled trajectory (G carries the scale squared, divided out)."""
+    net, opt, ref = _setup(rng)
+    manager = DynamicLossScaleManager(init_loss_scale=2.0 ** 10, scale_factor=2, scale_window=3)
+    cell = ms_nn.TrainOneStepWithLossScaleCell(_loss_net(net), opt, scale_sense=manager.get_update_cell())
+    cell.set_train()
+    for step, (x, y) in enumerate(mlp_batches(rng, STEPS)):
+        loss, overflow, _ = cell(Tensor(x), Tensor(y))
+        assert not bool(overflow.asnumpy())
+        ref.step(x, y)
+        _check_step(net, opt, ref, step, loss)
+    assert float(cell.scale_sense.asnumpy()) > 2.0 ** 10  # the scale changed between THOR steps
+    _exercised(ref)
+
+
+def test_damping_rises_after_a_step_that_increased_the_loss(mode, rng):
+    net, opt, ref = _setup(rng, lr=60.0, adapt_every=1)
+    cell = ms_nn.TrainOneStepCell(_loss_net(net), opt).set_train()
+    (x, y), = mlp_batches(rng, 1)
+    cell(Tensor(x), Tensor(y))
+    ref.step(x, y)
+    rule = opt.damping_rule
+    assert float(rule.loss_change.asnumpy()) > 0  # the step made the loss on its batch worse
+    assert ref.changes[0][1] > 0
+    initial = float(rule.inverted.asnumpy())  # the damping the step was taken with
+    np.testing.assert_allclose(float(rule.value.asnumpy()), initial / 0.95, rtol=1e-6)
+    np.testing.assert_allclose(initial, ref.dampings[0] * 0.95, rtol=1e-5)
+
+
+def test_model_thor_sink_matches_reference(mode, rng):
+    from ms_optim.train_thor import ConvertModelUtils
+
+    net, opt, ref = _setup(rng)
+    batches = mlp_batches(rng, STEPS)
+    x = np.concatenate([b[0] for b in batches])
+    y = np.concatenate([b[1] for b in batches])
+    loss = nn.SoftmaxCrossEntropyWithLogits(sparse=True, reduction="mean")
+    model = ms.train.Model(net, loss_fn=loss, optimizer=opt)
+    model = ConvertModelUtils.convert_to_thor_model(model, network=net, loss_fn=loss, optimizer=opt)
+    model.train(2, labelled_batches(x, y, 16), dataset_sink_mode=True, sink_size=STEPS // 2)
+    for bx, by in batches:
+        ref.step(bx, by)
+    compare(net, ref, STEPS - 1)
+    np.testing.assert_allclose(float(opt.damping_rule.value.asnumpy()), ref.dampings[-1], rtol=1e-5)
+    _exercised(ref)
+
+
+def test_mindspore_cell_is_refused_before_any_update(mode, rng):
+    net, opt, _ = _setup(rng)
+    before = param_values(net)
+    cell = nn.TrainOneStepCell(_loss_net(net), opt).set_train()
+    (x, y), = mlp_batches(rng, 1)
+    with pytest.raises(RuntimeError, match="damping='adaptive' needs the loss after each adapted step"):
+        cell(Tensor(x), Tensor(y))
+    after = param_values(net)
+    for name, value in before.items():
+        np.testing.assert_array_equal(after[name], value, err_msg=name)
+
+
+BAD = [
+    (dict(damping="adaptiv"), ValueError, "'damping' must be a Tensor or 'adaptive', but got 'adaptiv'"),
+    (dict(damping=0.03), TypeError, "'damping' must be a Tensor"),
+    (dict(adapt_every=0), ValueError, "'adapt_every'"),
+    (dict(adapt_every=2.0), TypeError, "'adapt_every'"),
+    (dict(adapt_every=2 ** 31), ValueError, "'adapt_every'"),
+    (dict(damping=Tensor(0.03), adapt_every=3), ValueError,
+     "'adapt_every' is read only with damping='adaptive'"),
+    (dict(damping=Tensor(0.03), damping_bounds=(1e-3, 1.0)), ValueError, "'damping_bounds' is read only"),
+    (dict(damping_bounds=(0.0, 1.0)), ValueError, r"'damping_bounds' must be \(low, high\).*\(0.0, 1.0\)"),
+    (dict(damping_bounds=(2.0, 1.0)), ValueError, r"\(2.0, 1.0\)"),
+    (dict(damping_bounds=(1e-3, float("inf"))), ValueError, "'damping_bounds'"),
+    (dict(damping_bounds=(1e-3, 1e39)), ValueError, "'damping_bounds'"),
+    (dict(damping_bounds=1.0), TypeError, "'damping_bounds' must be None or a pair"),
+    (dict(damping_bounds=(1e-3,)), TypeError, "'damping_bounds'"),
+    (dict(damping_bounds=("a", 1.0)), TypeError, "'damping_bounds'"),
+    (dict(use_nesterov=True), ValueError, "use_nesterov=False.*but got use_nesterov=True"),
+]
+
+
+@pytest.mark.parametrize("kwargs, error, match", BAD, ids=[str(b[0]) for b in BAD])
+def test_bad_adaptive_arguments_are_refused(kwargs, error, match):
+    net = MLP()
+    call = dict(damping="adaptive", momentum=0.9)
+    call.update(kwargs)
+    damping = call.pop("damping")
+    momentum = call.pop("momentum")
+    with pytest.raises(error, match=match):
+        thor(net, Tensor(0.1), damping, momentum, **call)
+    assert all(type(cell).__name__ != "DenseThor" for _, cell in net.cells_and_names())  # nothing converted
+
+
+def test_defaults():
+    opt = thor(MLP(), Tensor(0.1), "adaptive", 0.9)
+    rule = opt.damping_rule
+    assert (opt.config.adapt_every, opt.config.damping_bounds) == (5, (1e-8, 1e4))
+    assert rule.adapt_every == 5 and opt.damping is rule.value
+    scheduled = thor(MLP(), Tensor(0.1), Tensor(0.03), 0.9)
+    assert scheduled.config.adapt_every is None and not scheduled.damping_rule.needs_probe
