@@ -190,7 +190,7 @@ OPTIMIZERS: List[OptimInfo] = [
         hyper={"damping": 0.03, "momentum": 0.9, "frequency": 2, "batch_size": 8},
         takes_params=False,
         extensions=("inverse", "block_size", "kl_clip", "factor_convention", "distribute_inverses",
-                    "trace_thresholds")),
+                    "trace_thresholds", "adapt_every", "damping_bounds")),
 ]
 PARAM_OPTIMIZERS = [info for info in OPTIMIZERS if info.takes_params]  # the first-order ones
 
