@@ -11,6 +11,7 @@ from __future__ import annotations
 import numpy as np
 from mindspore import Parameter, Tensor, nn
 
+from ms_optim._thor.adaptive_lr import AdaptiveLrThorOptimizer
 from ms_optim._thor.config import ThorConfig, validate_thor
 from ms_optim._thor.convert import convert_net
 from ms_optim._thor.optimizer import ThorOptimizer
@@ -31,7 +32,8 @@ def build_thor(net: nn.Cell, config: ThorConfig) -> ThorOptimizer:
                           limits) if limits else None
     settings = TapSettings(config.factor_convention, config.batch_size, config.factor_block_size, guard)
     layers = convert_net(net, settings)  # thor_candidates' layers: the rule the validation counted with
-    optimizer = ThorOptimizer(net, layers, config)
+    # learning_rate="adaptive": the update of ms_optim._thor.adaptive_lr, chosen here once
+    optimizer = (AdaptiveLrThorOptimizer if config.adaptive_lr else ThorOptimizer)(net, layers, config)
     if guard is not None:
         guard.step = optimizer.global_step
     return optimizer
