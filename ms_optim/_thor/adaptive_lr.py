@@ -31,7 +31,8 @@ rule's value), ``wd = weight_decay``:
     2-D:  det = M00 M11 - M01^2;  (alpha, beta) = (M01 b1 - M11 b0, M01 b0 - M00 b1) / det
           taken when M00 > 0, M11 > 0, det > DEGENERATE * M00 M11, everything finite, and its m is not above
           the 1-D step's m
-    1-D:  (alpha, beta) = (-b0 / M00, 0)          otherwise, when M00 > 0 and finite (the first step: y = 0)
+    1-D:  (alpha, beta) = (-b0 / M00, 0)          otherwise, when M00 > 0, b0 and its m finite (the first
+                                                  step: y = 0; the entries of y play no part)
     none: (alpha, beta) = (0, 0)                  otherwise (no finite model: the parameters stay)
 
     trust region (kl_clip = c given):  k = [alpha beta] M [alpha beta]^T   (the step's damped curvature norm,
@@ -136,9 +137,13 @@ def _take_step_tensor(alpha, beta, direction, weight, previous):
 
 
 def _model(alpha, beta, system):
-    """``m(alpha, beta)`` and the curvature norm ``k = [alpha beta] M [alpha beta]^T``."""
-    k = alpha * alpha * system[0] + 2.0 * alpha * beta * system[1] + beta * beta * system[2]
-    return 0.5 * k + alpha * system[3] + beta * system[4], k
+    """``m(alpha, beta)`` and the curvature norm ``k = [alpha beta] M [alpha beta]^T``; with ``beta = 0`` the
+    terms of y are left out (a non-finite M01, M11 or b1 does not spoil the 1-D step)."""
+    zero = ops.zeros((), mstype.float32)
+    moved = ops.not_equal(beta, zero)
+    cross = 2.0 * alpha * beta * system[1] + beta * beta * system[2]
+    k = alpha * alpha * system[0] + ops.select(moved, cross, zero)
+    return 0.5 * k + alpha * system[3] + ops.select(moved, beta * system[4], zero), k
 
 
 def solve_coefficients(system, kl_clip=None):

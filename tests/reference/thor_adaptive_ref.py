@@ -130,7 +130,11 @@ def solve_coefficients(m: Array, b: Array, kl_clip: Optional[float] = None) -> T
     """``(alpha, beta)`` minimising ``1/2 w^T M w + b^T w`` (2-D when regular and not worse than the 1-D step
     ``(-b0 / M00, 0)``; else the 1-D step; else 0), then the trust region ``w^T M w <= kl_clip``."""
     def model(w):
-        return 0.5 * float(w @ m @ w) + float(b @ w)
+        return 0.5 * curvature_norm(w) + w[0] * b[0] + (w[1] * b[1] if w[1] != 0 else 0.0)
+
+    def curvature_norm(w):  # the terms of y left out when beta = 0
+        cross = 2 * w[0] * w[1] * m[0, 1] + w[1] ** 2 * m[1, 1] if w[1] != 0 else 0.0
+        return w[0] ** 2 * m[0, 0] + cross
 
     one_d = np.array([-b[0] / m[0, 0], 0.0]) if m[0, 0] > 0 else None
     if one_d is not None and not (np.all(np.isfinite(one_d)) and math.isfinite(model(one_d))):
@@ -142,7 +146,7 @@ def solve_coefficients(m: Array, b: Array, kl_clip: Optional[float] = None) -> T
         if np.all(np.isfinite(two_d)) and (one_d is None or model(two_d) <= model(one_d)):
             w = two_d
     if kl_clip is not None:
-        k = float(w @ m @ w)
+        k = curvature_norm(w)
         if math.isfinite(k) and k > 0:
             w = w * min(1.0, math.sqrt(kl_clip / k))
     return float(w[0]), float(w[1])
