@@ -22,8 +22,11 @@ rule's value), ``wd = weight_decay``:
                     0                              every other parameter (no curvature is stored)
 
     A_l, G_l: the layer's stored factors (diagonal blocks as stored, G divided by the square of the loss scale
-    of the backward pass that collected them): ``ms_optim._thor.quad_model``'s curvature; the damping enters
-    as d times the identity (THOR adds sqrt(d) to each factor: d I is the leading term of the product).
+    of the backward pass that collected them): ``ms_optim._thor.quad_model``'s curvature (under the "gpu" and
+    "ascend" conventions their factors; MindSpore's post-processing of the inverses is not modelled); the
+    damping enters as d times the identity (THOR adds sqrt(d) to each factor: d I is the leading term of the
+    product (A + sqrt(d) I) (x) (G + sqrt(d) I), whose cross terms make THOR's own step shorter than the
+    model's minimiser along it, so alpha > 1 is common).
 
     M = [[K(x, x), K(x, y)], [K(x, y), K(y, y)]],   b = [<h, x>, <h, y>]      (M, b averaged over the ranks)
     minimise  m(alpha, beta) = 1/2 [alpha beta] M [alpha beta]^T + b . [alpha beta]:
