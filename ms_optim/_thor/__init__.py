@@ -53,6 +53,11 @@ The path of a ``thor(net, ...)`` call, and the module of each step:
     whose measured change comes from ``probe.py``: the extra forward pass the training cells run after the
     optimizer (``LossProbe``; ``TrainOneStepCell``, ``ms_optim.nn``'s).
 
+``adaptive_lr.py`` -- ``learning_rate="adaptive"``: ``AdaptiveLrThorOptimizer`` (chosen by
+    ``factory.build_thor``), whose update is ``QuadraticStep``'s: step size and momentum from the 2x2
+    quadratic model over the new preconditioned direction and the previous update (the stored Kronecker
+    factors plus the damping), its fallbacks and the ``kl_clip`` trust region.
+
 ``device_rules.py`` -- what MindSpore's ``ThorGpu``/``ThorAscend`` do to the inverses (``InverseRule`` per
     layer).
 

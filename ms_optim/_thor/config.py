@@ -53,13 +53,15 @@ class ThorConfig:
     """Everything ``thor()`` was given, checked and in the types the optimizer stores.
 
     ``damping`` is None for ``damping="adaptive"``, whose settings are ``adapt_every`` and
-    ``damping_bounds`` (both None otherwise; ``ms_optim._thor.adaptive``);
+    ``damping_bounds`` (both None otherwise; ``ms_optim._thor.adaptive``); ``learning_rate`` is None for
+    ``learning_rate="adaptive"`` (step size and momentum from the quadratic model:
+    ``ms_optim._thor.adaptive_lr``);
     ``split_indices`` is the fusion split as the all-reduces use it (None: one group);
     ``factor_convention`` is the concrete convention (``"auto"`` resolved); ``ranks`` is the
     data-parallel group size (1 on one device); ``trace_thresholds`` is None or ``(omega_1, omega_2)``.
     """
 
-    learning_rate: Tensor
+    learning_rate: Optional[Tensor]
     damping: Optional[Tensor]
     momentum: float
     weight_decay: float
@@ -86,6 +88,11 @@ class ThorConfig:
         return self.damping is None
 
     @property
+    def adaptive_lr(self) -> bool:
+        """Whether step size and momentum come from the quadratic model (``learning_rate="adaptive"``)."""
+        return self.learning_rate is None
+
+    @property
     def factor_block_size(self) -> Optional[int]:
         """The block width the factors are stored and inverted in (None: whole matrices)."""
         return self.block_size if self.inverse == Inverse.BLOCKED else None
@@ -100,7 +107,8 @@ class ThorConfig:
     @property
     def sequential_update(self) -> bool:
         """Whether the update can run one parameter after the other (no rule reads all gradients at once)."""
-        return self.kl_clip is None and not self.enable_clip_grad and not self.use_nesterov
+        return (self.kl_clip is None and not self.enable_clip_grad and not self.use_nesterov
+                and not self.adaptive_lr)
 
 
 def _check_int32(name: str, value: int) -> int:
@@ -161,14 +169,23 @@ def _check_schedule(name: str, value: Any) -> Tensor:
     return value
 
 
-def _check_damping(damping: Any) -> Optional[Tensor]:
+def _check_schedule_or_adaptive(name: str, value: Any) -> Optional[Tensor]:
     """A schedule Tensor (:func:`_check_schedule`), or the string ``"adaptive"`` (returns None)."""
-    if isinstance(damping, str):
-        if damping != ADAPTIVE:
-            raise ValueError(f"For '{_NAME}', the argument 'damping' must be a Tensor or '{ADAPTIVE}', "
-                             f"but got {damping!r}.")
+    if isinstance(value, str):
+        if value != ADAPTIVE:
+            raise ValueError(f"For '{_NAME}', the argument '{name}' must be a Tensor or '{ADAPTIVE}', "
+                             f"but got {value!r}.")
         return None
-    return _check_schedule("damping", damping)
+    return _check_schedule(name, value)
+
+
+def _check_adaptive_lr(adaptive: bool, use_nesterov: bool) -> None:
+    """``learning_rate="adaptive"`` needs ``use_nesterov=False`` (the step is the solved combination of two
+    directions; there is no accumulation for a Nesterov look-ahead)."""
+    if adaptive and use_nesterov:
+        raise ValueError(f"For '{_NAME}', learning_rate='{ADAPTIVE}' needs use_nesterov=False (the step "
+                         f"is the quadratic model's combination of the new direction and the previous "
+                         f"update), but got use_nesterov=True.")
 
 
 def _check_adaptive(adaptive: bool, adapt_every, damping_bounds, use_nesterov: bool):
@@ -250,14 +267,15 @@ def validate_thor(net, learning_rate, damping, momentum, weight_decay, loss_scal
                   damping_bounds=None) -> ThorConfig:
     """Check every argument of ``thor()`` (its docstring lists the errors); nothing is modified."""
     check_type("net", net, nn.Cell, _NAME, what="a Cell")
-    _check_schedule("learning_rate", learning_rate)
-    damping = _check_damping(damping)
+    learning_rate = _check_schedule_or_adaptive("learning_rate", learning_rate)
+    damping = _check_schedule_or_adaptive("damping", damping)
     _check_scalar("momentum", momentum, check_float, check_non_negative)
     _check_scalar("weight_decay", weight_decay, check_number, check_non_negative)
     _check_scalar("loss_scale", loss_scale, check_number, check_positive)
     batch_size = _whole_number("batch_size", batch_size)
     _check_scalar("batch_size", batch_size, check_int, check_positive)
     check_bool("use_nesterov", use_nesterov, _NAME)
+    _check_adaptive_lr(learning_rate is None, use_nesterov)
     adapt_every, damping_bounds = _check_adaptive(damping is None, adapt_every, damping_bounds, use_nesterov)
     check_callable("decay_filter", decay_filter, _NAME)
     # MindSpore's thor tests its truth value: 0 and 1 train there too

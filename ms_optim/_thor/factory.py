@@ -11,6 +11,7 @@ from __future__ import annotations
 import numpy as np
 from mindspore import Parameter, Tensor, nn
 
+from ms_optim._thor.adaptive_lr import AdaptiveLrThorOptimizer
 from ms_optim._thor.config import ThorConfig, validate_thor
 from ms_optim._thor.convert import convert_net
 from ms_optim._thor.optimizer import ThorOptimizer
@@ -31,7 +32,8 @@ def build_thor(net: nn.Cell, config: ThorConfig) -> ThorOptimizer:
                           limits) if limits else None
     settings = TapSettings(config.factor_convention, config.batch_size, config.factor_block_size, guard)
     layers = convert_net(net, settings)  # thor_candidates' layers: the rule the validation counted with
-    optimizer = ThorOptimizer(net, layers, config)
+    # learning_rate="adaptive": the update of ms_optim._thor.adaptive_lr, chosen here once
+    optimizer = (AdaptiveLrThorOptimizer if config.adaptive_lr else ThorOptimizer)(net, layers, config)
     if guard is not None:
         guard.step = optimizer.global_step
     return optimizer
@@ -54,7 +56,15 @@ def thor(net, learning_rate, damping, momentum, weight_decay=0.0, loss_scale=1.0
 
     Args:
         net (Cell): the training network (converted in place).
-        learning_rate (Tensor): per-step learning rates (1-D, indexed by the step) or one 0-D value.
+        learning_rate (Union[Tensor, str]): per-step learning rates (1-D, indexed by the step) or one 0-D
+            value. Or ``"adaptive"``: no schedule; every step is ``alpha x + beta y``, x the new
+            preconditioned direction (after weight decay and clipping) and y the previous update, with
+            ``(alpha, beta)`` minimising THOR's quadratic model ``1/2 w^T M w + b^T w`` (M from the stored
+            factors plus ``damping`` times the identity, b from the step's gradients: a 2x2 solve, the 1-D
+            step ``(-b0 / M00, 0)`` when that system is singular or not finite, no step when neither is
+            finite); ``momentum`` is then not used (beta is the momentum), ``kl_clip`` is the trust region
+            ``w^T M w <= kl_clip`` and ``use_nesterov`` must be False. Works with a damping Tensor (any
+            training cell) and with ``damping="adaptive"`` (``ms_optim._thor.adaptive_lr`` has the formulas).
         damping (Union[Tensor, str]): per-step damping (1-D) or one 0-D value; ``sqrt(damping)`` is added to
             the factors' diagonals. Or ``"adaptive"``: no schedule; the damping starts from a heuristic on
             the first step's factors and follows a Levenberg-Marquardt rule on the reduction ratio (the loss
@@ -63,7 +73,7 @@ def thor(net, learning_rate, damping, momentum, weight_decay=0.0, loss_scale=1.0
             recomputed when it changes (``ms_optim._thor.adaptive`` has the formulas). Train with
             ``ms_optim.nn.TrainOneStepCell``, ``ms_optim.nn.TrainOneStepWithLossScaleCell`` or ``ModelThor``,
             which run that pass.
-        momentum (float): momentum, at least 0.0.
+        momentum (float): momentum, at least 0.0 (validated but not used with ``learning_rate="adaptive"``).
         weight_decay (int, float): L2 penalty ``wd * w`` added on parameters ``decay_filter`` keeps.
             Default: 0.0.
         loss_scale (int, float): the static loss scale the gradients carry (divided out). G is divided
@@ -86,7 +96,8 @@ def thor(net, learning_rate, damping, momentum, weight_decay=0.0, loss_scale=1.0
         inverse (str, keyword-only): ``"blocked"`` (diagonal blocks of ``block_size``, the default on
             every device, as MindSpore's GPU and Ascend kernels) or ``"full"`` (whole-matrix inverses).
         block_size (int, keyword-only): width of the diagonal blocks. Default: 128.
-        kl_clip (float, keyword-only): None (default: no clipping, MindSpore's THOR exactly) or ``c > 0``:
+        kl_clip (float, keyword-only): None (default: no clipping, MindSpore's THOR exactly) or ``c > 0``
+            (with ``learning_rate="adaptive"``: the trust region of the solved step, see there):
             every step, with ``g`` the gradients (divided by the loss scale) and ``v`` the preconditioned
             gradients of ALL trainable parameters (``v = g`` for parameters THOR does not precondition),
             taken after preconditioning and before weight decay, clipping and momentum, every ``v`` is
@@ -138,7 +149,7 @@ def thor(net, learning_rate, damping, momentum, weight_decay=0.0, loss_scale=1.0
         ThorOptimizer, a ``mindspore.nn.Optimizer``.
 
     Raises:
-        TypeError: If `learning_rate` is not a Tensor, or `damping` neither a Tensor nor a str; if
+        TypeError: If `learning_rate` or `damping` is neither a Tensor nor a str; if
             `damping_bounds` is not None or a pair of numbers; if `adapt_every` is not an int.
         TypeError: If `momentum` is not a float, `frequency` not an int, `batch_size` not an int or float,
             `loss_scale`, `weight_decay` or `kl_clip` (unless None) not a number, `use_nesterov` not a bool,
@@ -160,11 +171,13 @@ def thor(net, learning_rate, damping, momentum, weight_decay=0.0, loss_scale=1.0
             non-negative ints; if
             `net` has no layer THOR can precondition or no trainable parameter; if `net` is itself a
             bare plain layer (``nn.Dense``, ...), which cannot be replaced in place: wrap it in a Cell.
+        ValueError: If `learning_rate` is a str other than 'adaptive'; if `learning_rate` is 'adaptive' and
+            `use_nesterov` True.
         ValueError: If `damping` is a str other than 'adaptive'; if `adapt_every` or `damping_bounds` is given
             with a damping Tensor; if `adapt_every` is less than 1 or beyond int32; if `damping_bounds` is not
             ``(low, high)`` with ``0 < low <= high`` finite in float32; if `damping` is 'adaptive' and
             `use_nesterov` True.
-        ValueError (at run time): If the step runs past the end of `learning_rate` or `damping`.
+        ValueError (at run time): If the step runs past the end of a `learning_rate` or `damping` Tensor.
         RuntimeError (when the step is compiled): If `damping` is 'adaptive' and the optimizer is stepped by a
             cell that does not run the extra forward pass (MindSpore's own ``nn.TrainOneStepCell`` or
             ``Model``).

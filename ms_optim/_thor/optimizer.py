@@ -126,7 +126,9 @@ class ThorOptimizer(Optimizer):
     """
 
     def __init__(self, net: nn.Cell, layers: Sequence[ThorLayer], config: ThorConfig):
-        super().__init__(config.learning_rate, net.trainable_params(), 0.0, config.loss_scale)
+        # learning_rate="adaptive" (a subclass, ms_optim._thor.adaptive_lr): no schedule; nn.Optimizer's is 0
+        learning_rate = Tensor(0.0, mstype.float32) if config.adaptive_lr else config.learning_rate
+        super().__init__(learning_rate, net.trainable_params(), 0.0, config.loss_scale)
         self.config = config
         self.frequency = config.frequency
         self.batch_size = config.batch_size
@@ -149,7 +151,7 @@ class ThorOptimizer(Optimizer):
         self.weight_decay_tensor = Tensor(self.weight_decay, mstype.float32)
         self.exec_weight_decay = False  # nn.Optimizer's own decay path stays off
         # learning rate schedule's length (None: a 0-D Tensor, no end); the damping's is its rule's
-        self.lr_steps = int(config.learning_rate.shape[0]) if config.learning_rate.ndim == 1 else None
+        self.lr_steps = int(learning_rate.shape[0]) if learning_rate.ndim == 1 else None
 
         self.thor_cells = tuple(layers)
         self.num_layers = len(self.thor_cells)
@@ -314,6 +316,21 @@ class ThorOptimizer(Optimizer):
         return self.hyper_map(F.partial(momentum_step, self.opt, self.momentum, lr), gradients, params,
                               self.moments)
 
+    def _update(self, params, gradients, lam, damping, step, thor_step):
+        """The update after the inversion branch: THOR's (the learning-rate schedule and the momentum), then
+        the damping rule's ``after_update``. ``learning_rate="adaptive"`` overrides it
+        (``ms_optim._thor.adaptive_lr.AdaptiveLrThorOptimizer``)."""
+        if self.sequential_update:  # the same rules, one parameter at a time (ms_optim._thor.update)
+            update = (self.opt, self.momentum, self.get_lr(),
+                      self.weight_decay_tensor if self.apply_weight_decay else None)
+            success = self.hyper_map(F.partial(sequential_step, update, (self.precondition_kernel, lam,
+                                                                         self.batch_size_float)),
+                                     self.param_treatment, self.decay_flags, gradients, params, self.moments,
+                                     self.param_g_inv, self.param_a_inv)
+        else:
+            success = self._staged_update(params, gradients, lam)
+        return self.damping_rule.after_update(success, step, gradients, self.get_lr(), self.moments)
+
     @jit(backend="ms_backend")
     def construct(self, gradients):
         params = self._parameters
@@ -336,15 +353,6 @@ class ThorOptimizer(Optimizer):
         # MindSpore compile the rest of the step into both branches (ResNet-50: the update twice, 1775 and
         # 1445 nodes).
         lam = F.depend(lam, refreshed)
-        if self.sequential_update:  # the same rules, one parameter at a time (ms_optim._thor.update)
-            update = (self.opt, self.momentum, self.get_lr(),
-                      self.weight_decay_tensor if self.apply_weight_decay else None)
-            success = self.hyper_map(F.partial(sequential_step, update, (self.precondition_kernel, lam,
-                                                                         self.batch_size_float)),
-                                     self.param_treatment, self.decay_flags, gradients, params, self.moments,
-                                     self.param_g_inv, self.param_a_inv)
-        else:
-            success = self._staged_update(params, gradients, lam)
-        success = self.damping_rule.after_update(success, step, gradients, self.get_lr(), self.moments)
+        success = self._update(params, gradients, lam, damping, step, thor_step)
         success = F.depend(success, self.assignadd(self.global_step, self.global_step_increase_tensor))
         return F.depend(success, self.hyper_map(F.partial(write_flag, next_flag), self.thor_flags))

@@ -1,4 +1,5 @@
-"""NumPy float64 oracle of ``thor(..., damping="adaptive")``: the Levenberg-Marquardt damping rule.
+"""NumPy float64 oracles of ``thor(..., damping="adaptive")`` (the Levenberg-Marquardt damping rule) and of
+``thor(..., learning_rate="adaptive")`` (:class:`AdaptiveLrMixin`: the step from the 2x2 quadratic model).
 
 Written from the formulas of ``ms_optim/_thor/adaptive.py`` and ``ms_optim/_thor/quad_model.py`` (module
 docstrings), on top of :class:`reference.thor_ref.ThorReference` (THOR's step). With ``f`` the frequency,
@@ -97,9 +98,14 @@ class AdaptiveThorReference(ThorReference):
                 q += 0.5 * float(np.sum(grad ** 2 / self.batch_size * delta ** 2))
         return q
 
+    def model_lr(self, t: int) -> float:
+        """The ``lr`` of ``delta = -lr * accum`` in the quadratic model: the schedule's (the adaptive learning
+        rate's oracle: -1, the moments hold the update itself)."""
+        return float(self.lr[0] if self.lr.size == 1 else self.lr[t])
+
     def step(self, x: Array, y: Array) -> Dict[str, Array]:
         t = self.t
-        lr = float(self.lr[0] if self.lr.size == 1 else self.lr[t])
+        lr = self.model_lr(t)
         super().step(x, y)
         if (t + 1) % self.adapt_every == 0:
             q = self.model_change(lr)
@@ -114,3 +120,105 @@ class AdaptiveThorReference(ThorReference):
             self.predicted.append((t, q))
         self.dampings.append(self.d)
         return self.params
+
+
+# ----------------------------------------------------------------------------- learning_rate="adaptive"
+DEGENERATE = 1e-5  # the 2x2 system is singular when det <= DEGENERATE * M00 * M11
+
+
+def solve_coefficients(m: Array, b: Array, kl_clip: Optional[float] = None) -> Tuple[float, float]:
+    """``(alpha, beta)`` minimising ``1/2 w^T M w + b^T w`` (2-D when regular and not worse than the 1-D step
+    ``(-b0 / M00, 0)``; else the 1-D step; else 0), then the trust region ``w^T M w <= kl_clip``."""
+    def model(w):
+        return 0.5 * curvature_norm(w) + w[0] * b[0] + (w[1] * b[1] if w[1] != 0 else 0.0)
+
+    def curvature_norm(w):  # the terms of y left out when beta = 0
+        cross = 2 * w[0] * w[1] * m[0, 1] + w[1] ** 2 * m[1, 1] if w[1] != 0 else 0.0
+        return w[0] ** 2 * m[0, 0] + cross
+
+    one_d = np.array([-b[0] / m[0, 0], 0.0]) if m[0, 0] > 0 else None
+    if one_d is not None and not (np.all(np.isfinite(one_d)) and math.isfinite(model(one_d))):
+        one_d = None
+    det = m[0, 0] * m[1, 1] - m[0, 1] ** 2
+    w = np.zeros(2) if one_d is None else one_d
+    if m[0, 0] > 0 and m[1, 1] > 0 and det > DEGENERATE * m[0, 0] * m[1, 1]:
+        two_d = np.array([m[0, 1] * b[1] - m[1, 1] * b[0], m[0, 1] * b[0] - m[0, 0] * b[1]]) / det
+        if np.all(np.isfinite(two_d)) and (one_d is None or model(two_d) <= model(one_d)):
+            w = two_d
+    if kl_clip is not None:
+        k = curvature_norm(w)
+        if math.isfinite(k) and k > 0:
+            w = w * min(1.0, math.sqrt(kl_clip / k))
+    return float(w[0]), float(w[1])
+
+
+class AdaptiveLrMixin:
+    """``learning_rate="adaptive"`` over :class:`ThorReference` (or :class:`AdaptiveThorReference`): the update
+    of ``ms_optim/_thor/adaptive_lr.py``'s docstring, written from it. Records ``alphas``, ``betas`` and
+    ``systems`` (``(M, b)``) of every step; ``moments`` hold the previous update."""
+
+    def model_lr(self, t: int) -> float:
+        return -1.0
+
+    def curvature(self, pname: str, a_vec: Array, b_vec: Array, grad: Array) -> float:
+        """``c_j(a, b)`` of parameter ``pname`` from the factors of the last THOR step (diagonal blocks)."""
+        owner, leaf = pname.rsplit(".", 1)
+        kinds = dict(self.model.layers)
+        if owner in kinds and leaf == "weight":
+            a, g = self.curvature_factors[owner]
+            ab, gb = block_diagonal(a, self.block_size), block_diagonal(g, self.block_size)
+            a2, b2 = a_vec.reshape(a_vec.shape[0], -1), b_vec.reshape(b_vec.shape[0], -1)
+            return float(np.sum((gb @ a2) * (b2 @ ab)))
+        if owner in kinds and leaf == "embedding_table":
+            a, g = self.curvature_factors[owner]
+            return float(np.sum((a[:, None] * a_vec) * (b_vec @ block_diagonal(g, self.block_size))))
+        if owner in self.layernorm:
+            return float(np.sum(grad ** 2 / self.batch_size * a_vec * b_vec))
+        return 0.0
+
+    def update(self, new, grads, damping, factors) -> None:
+        if self.t % self.frequency == 0:
+            self.curvature_factors = factors
+        xs, ys, hs, ridges = {}, {}, {}, {}
+        for pname, v in new.items():
+            w = self.params[pname]
+            decay = self.weight_decay > 0 and self.decay_filter(pname)
+            u = v + self.weight_decay * w if decay else v
+            if self.enable_clip_grad:
+                u = u / max(np.linalg.norm(u), 1.0)
+            xs[pname], ys[pname] = -u, self.moments[pname]
+            hs[pname] = grads[pname] + self.weight_decay * w if decay else grads[pname]
+            ridges[pname] = damping + (self.weight_decay if decay else 0.0)
+        m = np.zeros((2, 2))
+        b = np.zeros(2)
+        for p in new:
+            pair = (xs[p], ys[p])
+            for i in range(2):
+                b[i] += float(np.sum(hs[p] * pair[i]))
+                for j in range(2):
+                    m[i, j] += self.curvature(p, pair[i], pair[j], grads[p]) + ridges[p] * float(
+                        np.sum(pair[i] * pair[j]))
+        alpha, beta = solve_coefficients(m, b, self.kl_clip)
+        self.systems.append((m, b))
+        self.alphas.append(alpha)
+        self.betas.append(beta)
+        for p in new:
+            s = alpha * xs[p] + beta * ys[p]
+            self.params[p] = self.params[p] + s
+            self.moments[p] = s
+
+
+class AdaptiveLrThorReference(AdaptiveLrMixin, ThorReference):
+    """``learning_rate="adaptive"`` with a damping schedule."""
+
+    def __init__(self, model, params, damping, **kwargs):
+        super().__init__(model, params, [0.0], damping, 0.0, **kwargs)
+        self.alphas, self.betas, self.systems = [], [], []
+
+
+class AdaptiveLrDampingReference(AdaptiveLrMixin, AdaptiveThorReference):
+    """``learning_rate="adaptive"`` with ``damping="adaptive"`` (kfac-jax's default combination)."""
+
+    def __init__(self, model, params, **kwargs):
+        super().__init__(model, params, [0.0], 0.0, **kwargs)
+        self.alphas, self.betas, self.systems = [], [], []

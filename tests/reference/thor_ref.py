@@ -251,6 +251,14 @@ class ThorReference:
             elif owner in self.layernorm:
                 grad = grad / (grad ** 2 / self.batch_size + lam)
             new[pname] = grad
+        self.update(new, grads, damping, factors)
+        self.t += 1
+        return self.params
+
+    def update(self, new: Dict[str, Array], grads: Dict[str, Array], damping: float,
+               factors: Dict[str, Tuple[Array, Array]]) -> None:
+        """From the preconditioned gradients ``new`` on: KL clip, decay, clip, momentum (the adaptive learning
+        rate's oracle, ``reference.thor_adaptive_ref``, overrides it)."""
         lr = self._at(self.lr)
         if self.kl_clip is not None:
             q = lr * lr * abs(sum(float(np.sum(new[p] * grads[p])) for p in new))
@@ -271,5 +279,3 @@ class ThorReference:
                 self.params[pname] = w - lr * (grad + self.momentum * acc)
             else:
                 self.params[pname] = w - lr * acc
-        self.t += 1
-        return self.params

@@ -1,0 +1,101 @@
+"""Worker for the data-parallel test of THOR's adaptive rules (2 CPU ranks under ``msrun``, or alone as the
+reference).
+
+Trains ``worker.SmallNet`` (conv + 2 Dense, ``support.thor_runs.init_params``'s values) for ``STEPS`` steps
+with ``thor(...)`` in three settings (``RUNS``): ``damping="adaptive"`` with a learning-rate Tensor,
+``learning_rate="adaptive"`` with a damping Tensor, and both adaptive, each on two kinds of global batch
+(``DATA``): ``"split"``, 8 samples of which each rank takes its own half, and ``"twin"``, whose two halves are
+the same 4 samples (so each rank's factors are the factors of the concatenated batch), in GRAPH and PYNATIVE
+mode. Under ``msrun``: data parallel, ``gradients_mean=True``;
+alone (``--single``): the whole (concatenated) batch in one process. Every run steps
+``ms_optim.nn.TrainOneStepCell`` (the extra forward pass of the adaptive damping).
+
+Writes ``OUT/<run>_<data>_<mode>_rank<r>.npz`` (``..._single.npz`` alone): the net's and the optimizer's
+parameters after the last step, and per step the loss (``__losses__``), the damping (``__dampings__``) and,
+with the adaptive learning rate, ``__alphas__``/``__betas__``.
+
+Usage: python adaptive_worker.py --out DIR [--single]
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+import numpy as np
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+import mindspore as ms  # noqa: E402
+from mindspore import Tensor, nn  # noqa: E402
+from worker import GLOBAL_BATCH, SmallNet, global_batches, init_ranks  # noqa: E402
+
+STEPS = 6
+#: run -> (learning_rate, damping): "adaptive" or a constant Tensor's value
+RUNS = {"damping": (0.05, "adaptive"), "lr": ("adaptive", 0.3), "both": ("adaptive", "adaptive")}
+DATA = ("split", "twin")
+
+
+def batches(data: str):
+    """``STEPS`` global batches: ``global_batches``'s, or (``"twin"``) their first half twice."""
+    xs, ys = global_batches(STEPS)
+    if data == "twin":
+        half = GLOBAL_BATCH // 2
+        xs = np.concatenate([xs[:, :half], xs[:, :half]], axis=1)
+        ys = np.concatenate([ys[:, :half], ys[:, :half]], axis=1)
+    return xs, ys
+
+
+def _schedule(value):
+    return value if isinstance(value, str) else Tensor(np.float32(value))
+
+
+def run(name: str, data: str, rank: int, local: int):
+    from support.thor_runs import init_params
+
+    from ms_optim import nn as ms_nn
+    from ms_optim import thor
+
+    net = SmallNet()
+    init_params(net, np.random.default_rng(11))  # well-scaled (the same on every rank and alone)
+    learning_rate, damping = RUNS[name]
+    opt = thor(net, _schedule(learning_rate), _schedule(damping), 0.9, batch_size=local, frequency=2,
+               **(dict(adapt_every=2) if damping == "adaptive" else {}))
+    loss = nn.SoftmaxCrossEntropyWithLogits(sparse=True, reduction="mean")
+    cell = ms_nn.TrainOneStepCell(nn.WithLossCell(net, loss), opt).set_train()
+    xs, ys = batches(data)
+    history = {"__losses__": [], "__dampings__": [], "__alphas__": [], "__betas__": []}
+    for s in range(STEPS):
+        part = slice(rank * local, (rank + 1) * local)
+        history["__losses__"].append(float(cell(Tensor(xs[s, part]), Tensor(ys[s, part])).asnumpy()))
+        history["__dampings__"].append(float(np.asarray(opt.damping.asnumpy()).reshape(-1)[0]))
+        if learning_rate == "adaptive":
+            history["__alphas__"].append(float(opt.quadratic_step.step_size.asnumpy()))
+            history["__betas__"].append(float(opt.quadratic_step.momentum_coefficient.asnumpy()))
+    state = {p.name: p.asnumpy() for p in net.get_parameters()}
+    state.update({p.name: p.asnumpy() for p in opt.get_parameters()})
+    state.update({key: np.array(values) for key, values in history.items()})
+    return state
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", required=True)
+    parser.add_argument("--single", action="store_true", help="one process on the concatenated batch")
+    args = parser.parse_args()
+    ms.set_context(device_target="CPU")
+    rank, size = init_ranks(args.single)
+    local = GLOBAL_BATCH // size
+    for mode_name, mode in (("graph", ms.GRAPH_MODE), ("pynative", ms.PYNATIVE_MODE)):
+        ms.set_context(mode=mode)
+        for name in RUNS:
+            for data in DATA:
+                state = run(name, data, rank, local)
+                tag = f"{name}_{data}_{mode_name}"
+                np.savez(os.path.join(args.out, f"{tag}_single.npz" if args.single else f"{tag}_rank{rank}.npz"),
+                         **state)
+    print(f"adaptive worker rank {rank}/{size} done")
+
+
+if __name__ == "__main__":
+    main()
