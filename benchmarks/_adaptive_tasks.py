@@ -1,8 +1,8 @@
-"""The three tasks of ``bench_thor_adaptive.py`` (LeNet on digits, ResNet-18 on CIFAR-10-format data, tiny BERT)
-and the model zoo's THOR recipe of each, built from the zoo's own nets, data code and schedules.
+"""The three tasks of ``bench_thor_adaptive.py`` (LeNet on digits, ResNet-18 on CIFAR-10-format data, tiny
+BERT) and the model zoo's THOR recipe of each, built from the zoo's own nets, data code and schedules.
 
-``build_task(name, args)`` returns a dict: ``name``, ``batch`` (batch size), ``batches`` (tuples of NumPy arrays,
-the training inputs of every step, fixed once so every run sees the same), ``build()`` -> ``(net,
+``build_task(name, args)`` returns a dict: ``name``, ``batch`` (batch size), ``batches`` (tuples of NumPy
+arrays, the training inputs of every step, fixed once so every run sees the same), ``build()`` -> ``(net,
 net_with_loss)``, ``evaluate(net)`` -> the held-out figure in [0, 1], ``baselines`` (first-order optimizers
 run over the lr grid), ``steps_per_epoch``.
 """
@@ -31,8 +31,8 @@ def _classifier(make_net, batches, x_test, y_test, name: str) -> Dict:
         net.set_train(False)
         return float(np.mean(np.argmax(net(Tensor(x_test)).asnumpy(), axis=1) == y_test))
 
-    return {"name": name, "batch": len(batches[0][1]), "batches": batches, "build": build, "evaluate": evaluate,
-            "baselines": ("momentum",)}
+    return {"name": name, "batch": len(batches[0][1]), "batches": batches, "build": build,
+            "evaluate": evaluate, "baselines": ("momentum",)}
 
 
 def lenet(args) -> Dict:
@@ -58,7 +58,8 @@ def resnet(args) -> Dict:
         write_cifar10(folder, CIFAR_RECORDS_PER_FILE, files=1, test=CIFAR_RECORDS_PER_FILE, seed=args.seed)
         batches = []
         for epoch in range(args.resnet_epochs):  # resnet_images shuffled, augmented images per epoch
-            data = create_dataset(folder, "cifar10", True, 32, 32, seed=args.seed, epoch=epoch, steps=per_epoch)
+            data = create_dataset(folder, "cifar10", True, 32, 32, seed=args.seed, epoch=epoch,
+                                  steps=per_epoch)
             batches += [(x.astype(np.float32), y.astype(np.int32))
                         for x, y in data.create_tuple_iterator(output_numpy=True)]
         test = create_dataset(folder, "cifar10", False, 320, 32, steps=1)
@@ -150,7 +151,7 @@ def build_task(name: str, args) -> Dict:
 
 
 def recipe_optimizer(task: Dict, net_with_loss, frequency: int):
-    """THOR with the model zoo's recipe for the task's model (see the benchmark's docstring); (opt, loss scale)."""
+    """THOR with the model zoo's recipe for the task's model (the benchmark's docstring): (opt, loss scale)."""
     import numpy as np
     from mindspore import Tensor
 

@@ -12,7 +12,8 @@ Tasks (every run of a task starts from the same initial weights and sees the sam
 * ``bert``: ``model_zoo/bert``'s tiny BERT (2 layers, hidden 64, no dropout) pretrained with masked LM on a
   generated corpus (sentences "the ADJ NOUN VERB PREP the ADJ NOUN ." whose verb is fixed by its noun), a
   WordPiece vocabulary learned from it (``model_zoo.bert.bert_data``), sequence length 32, batch 16, masked
-  afresh every epoch, ``--bert-epochs`` epochs. Figure: masked-token accuracy on a held-out corpus; target 0.50.
+  afresh every epoch, ``--bert-epochs`` epochs. Figure: masked-token accuracy on a held-out corpus;
+  target 0.50.
 
 Runs per task, every one with ``ms_optim.nn.TrainOneStepCell``, momentum 0.9 and no per-task tuning:
 
@@ -88,7 +89,8 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     add("--tasks", default=",".join(TASKS), help=f"comma list of {','.join(TASKS)} (default all)")
     add("--adaptive", type=_adaptive, default=["damping"],
         help="what adaptive THOR adapts: 'damping' (default) or 'damping,lr' (learning_rate='adaptive')")
-    add("--adaptive-lr", type=float, default=0.1, help="adaptive THOR's constant lr without 'lr' (default 0.1)")
+    add("--adaptive-lr", type=float, default=0.1,
+        help="adaptive THOR's constant lr without 'lr' (default 0.1)")
     add("--lrs", type=_floats, default=[0.01, 0.03, 0.1], help="lr grid of THOR, Momentum, Lamb (default "
         "0.01,0.03,0.1)")
     add("--dampings", type=_floats, default=[0.01, 0.1], help="THOR damping grid (default 0.01,0.1)")
@@ -302,7 +304,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                 raise
             runs.append(run)
             outcome = f"NaN at step {run['nan_step']}" if run["nan"] else f"final {run['final']:.3f}"
-            print(f"{name:6s} {kind:8s} lr={_fmt(lr, 'g'):6s} damping={str(damping):8s} -> {outcome}, to target "
+            print(f"{name:6s} {kind:8s} lr={_fmt(lr, 'g'):6s} damping={str(damping):8s} -> {outcome}, "
+                  f"to target "
                   f"{_fmt(run['seconds_to_target'], '.1f')} s, {run['wall_seconds']:.0f} s wall", flush=True)
     wall = time.perf_counter() - wall
     summary = summarise(runs, args.tasks)
