@@ -151,7 +151,7 @@ def build_task(name: str, args) -> Dict:
 
 
 def recipe_optimizer(task: Dict, net_with_loss, frequency: int):
-    """THOR with the model zoo's recipe for the task's model (the benchmark's docstring): (opt, loss scale)."""
+    """THOR with the model zoo's recipe for the task's model (see the benchmark): (opt, loss scale)."""
     import numpy as np
     from mindspore import Tensor
 
