@@ -97,12 +97,13 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     add("--frequency", type=int, default=10, help="THOR frequency of every THOR run (default 10)")
     add("--lenet-epochs", type=int, default=3, help="LeNet epochs of 44 steps (default 3)")
     add("--resnet-width", type=int, default=16, help="ResNet-18 first-stage width (default 16)")
-    add("--resnet-images", type=int, default=320, help="ResNet training images (default 320)")
+    add("--resnet-images", type=int, default=320, help="ResNet training images per epoch (default 320)")
     add("--resnet-epochs", type=int, default=3, help="ResNet epochs (default 3)")
     add("--bert-epochs", type=int, default=6, help="BERT epochs (default 6)")
     add("--eval-every", type=int, default=5, help="steps between held-out evaluations (default 5)")
     add("--seed", type=int, default=1, help="seed of weights, data and batch order (default 1)")
     add("--quick", action="store_true", help="smoke run: one grid point, a few steps per run, tiny nets")
+    add("--replot", action="store_true", help="train nothing: redraw the PNG from the JSON at --out")
     add("--out", default=None, help="output path without extension (default benchmarks/results/"
         "bench_thor_adaptive[_quick])")
     args = parser.parse_args(argv)
@@ -258,11 +259,15 @@ def plot(path: str, runs: List[Dict], tasks: Sequence[str], title: str) -> None:
     for ax, name in zip(axes[0], tasks):
         mine = [r for r in runs if r["task"] == name]
         for kind, colour in colours.items():
-            run = _best([r for r in mine if r["kind"] == kind])
+            group = [r for r in mine if r["kind"] == kind]
+            run, nans = _best(group), sum(r["nan"] for r in group)
+            if group and run is None:  # every run of the kind went NaN: say so in the legend
+                ax.plot([], [], marker="x", color=colour, linestyle="none",
+                        label=f"{kind}: NaN at step {group[0]['nan_step']}" if len(group) == 1
+                        else f"{kind}: {nans}/{len(group)} NaN")
             if run is None or not run["curve"]:
                 continue
-            nans = sum(r["nan"] for r in mine if r["kind"] == kind)
-            total = sum(1 for r in mine if r["kind"] == kind)
+            total = len(group)
             setting = "" if kind in ("adaptive", "recipe") else f" lr {run['lr']:g}"
             setting += f" d {run['damping']:g}" if kind == "thor" else ""
             label = f"{kind}{setting}: {run['final']:.3f}" + (f" ({nans}/{total} NaN)" if nans else "")
@@ -278,9 +283,21 @@ def plot(path: str, runs: List[Dict], tasks: Sequence[str], title: str) -> None:
     save_figure(fig, path)
 
 
+def _title(settings: Dict) -> str:
+    return (f"adaptive THOR ({','.join(settings['adaptive'])}) against the best run of each grid "
+            f"(lrs {settings['lrs']}, dampings {settings['dampings']}); frequency {settings['frequency']}")
+
+
 # ----------------------------------------------------------------------------------- main
 def main(argv: Optional[Sequence[str]] = None) -> int:
     args = parse_args(argv)
+    if args.replot:
+        import json
+
+        with open(args.out + ".json", encoding="utf-8") as handle:
+            saved = json.load(handle)
+        plot(args.out + ".png", saved["runs"], saved["settings"]["tasks"], _title(saved["settings"]))
+        return 0
     import mindspore as ms
 
     from ms_optim._bridge import prime_numpy_bridge
@@ -314,8 +331,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     settings = {k: v for k, v in vars(args).items() if k != "out"}
     write_json(args.out + ".json", {"settings": settings, "targets": {t: TARGETS[t] for t in args.tasks},
                                     "wall_seconds": wall, **summary, "runs": runs})
-    plot(args.out + ".png", runs, args.tasks, f"adaptive THOR ({','.join(args.adaptive)}) vs grids; "
-         f"best run of each grid shown")
+    plot(args.out + ".png", runs, args.tasks, _title(settings))
     print(f"wrote {args.out}.json and {args.out}.png")
     return 0
 
