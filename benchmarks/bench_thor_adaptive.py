@@ -43,8 +43,10 @@ that never reaches the target loses to one that does).
 
 Output: ``benchmarks/results/bench_thor_adaptive[_quick].json`` (every run with its curve, the table, the
 goals) and ``.png`` (held-out figure against training seconds per task: adaptive, recipe, best grid THOR,
-best Momentum, best Lamb; the target dashed). Defaults: about 36 runs, about 20 minutes on an idle 2-core
-CPU (small data, few epochs, small grids: a benchmark of the method, not of converged accuracy);
+best Momentum, best Lamb; the target dashed), both rewritten after every run (``complete`` false until the
+last). Defaults: 36 runs (small data, few epochs, small grids: a benchmark of the method, not of converged
+accuracy); LeNet and BERT take a few minutes, ResNet-18's THOR runs most of the time (graph compilation
+and the THOR steps of a conv net: minutes per run on 2 cores);
 ``--quick`` is a smoke run of a few steps per run (about a minute per task, mostly graph compilation).
 
     nice python benchmarks/bench_thor_adaptive.py                          # the full benchmark
@@ -96,8 +98,8 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     add("--dampings", type=_floats, default=[0.01, 0.1], help="THOR damping grid (default 0.01,0.1)")
     add("--frequency", type=int, default=10, help="THOR frequency of every THOR run (default 10)")
     add("--lenet-epochs", type=int, default=3, help="LeNet epochs of 44 steps (default 3)")
-    add("--resnet-width", type=int, default=16, help="ResNet-18 first-stage width (default 16)")
-    add("--resnet-images", type=int, default=320, help="ResNet training images per epoch (default 320)")
+    add("--resnet-width", type=int, default=8, help="ResNet-18 first-stage width (default 8)")
+    add("--resnet-images", type=int, default=160, help="ResNet training images per epoch (default 160)")
     add("--resnet-epochs", type=int, default=3, help="ResNet epochs (default 3)")
     add("--bert-epochs", type=int, default=6, help="BERT epochs (default 6)")
     add("--eval-every", type=int, default=5, help="steps between held-out evaluations (default 5)")
@@ -296,7 +298,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
         with open(args.out + ".json", encoding="utf-8") as handle:
             saved = json.load(handle)
-        plot(args.out + ".png", saved["runs"], saved["settings"]["tasks"], _title(saved["settings"]))
+        tasks = [t for t in saved["settings"]["tasks"] if any(r["task"] == t for r in saved["runs"])]
+        plot(args.out + ".png", saved["runs"], tasks, _title(saved["settings"]))
         return 0
     import mindspore as ms
 
@@ -320,20 +323,28 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                     raise SystemExit(refused) from None
                 raise
             runs.append(run)
+            save(args, runs, time.perf_counter() - wall)  # after every run: an interrupted run keeps its part
             outcome = f"NaN at step {run['nan_step']}" if run["nan"] else f"final {run['final']:.3f}"
             print(f"{name:6s} {kind:8s} lr={_fmt(lr, 'g'):6s} damping={str(damping):8s} -> {outcome}, "
                   f"to target "
                   f"{_fmt(run['seconds_to_target'], '.1f')} s, {run['wall_seconds']:.0f} s wall", flush=True)
-    wall = time.perf_counter() - wall
-    summary = summarise(runs, args.tasks)
+    summary = save(args, runs, time.perf_counter() - wall, complete=True)
     print_table(summary["table"])
-    print(f"goals: {summary['goals']['met']}; wall time {wall:.0f}s for {len(runs)} runs")
-    settings = {k: v for k, v in vars(args).items() if k != "out"}
-    write_json(args.out + ".json", {"settings": settings, "targets": {t: TARGETS[t] for t in args.tasks},
-                                    "wall_seconds": wall, **summary, "runs": runs})
-    plot(args.out + ".png", runs, args.tasks, _title(settings))
+    print(f"goals: {summary['goals']['met']}; {time.perf_counter() - wall:.0f} s wall for {len(runs)} runs")
     print(f"wrote {args.out}.json and {args.out}.png")
     return 0
+
+
+def save(args, runs: List[Dict], wall: float, complete: bool = False) -> Dict:
+    """Write the JSON and the PNG of the runs so far (``complete``: every planned run is in)."""
+    tasks = [t for t in args.tasks if any(r["task"] == t for r in runs)]
+    summary = summarise(runs, tasks)
+    settings = {k: v for k, v in vars(args).items() if k != "out"}
+    write_json(args.out + ".json", {"settings": settings, "complete": complete,
+                                    "targets": {t: TARGETS[t] for t in args.tasks},
+                                    "wall_seconds": wall, **summary, "runs": runs})
+    plot(args.out + ".png", runs, tasks, _title(settings))
+    return summary
 
 
 if __name__ == "__main__":
