@@ -1,8 +1,7 @@
 """Tiny datasets in the real on-disk formats, generated for the model-zoo tests.
 
-* CIFAR-10 binary: files of 10000 records of 3073 bytes (1 label byte, then 32x32 R, G, B planes),
-  ``data_batch_{1..n}.bin`` for training and ``test_batch.bin`` for eval (MindSpore's reader needs
-  exactly 10000 records per file; one file of each kind is enough).
+* CIFAR-10 binary: ``model_zoo.resnet.src.synthetic.write_cifar10`` (re-exported here; one file of each
+  kind is enough).
 * ImageFolder: ``root/<class>/<index>.png`` (PNG encoded with Pillow, which MindSpore depends on).
 
 Images carry a class-dependent colour so a few steps can learn something.
@@ -13,6 +12,8 @@ import os
 
 import numpy as np
 
+from model_zoo.resnet.src.synthetic import class_images as _images
+from model_zoo.resnet.src.synthetic import write_cifar10  # noqa: F401 - the zoo tests import it from here
 from support import REPO
 
 # Where the ResNet zoo and the launchers live (shared by the zoo tests).
@@ -21,31 +22,6 @@ TRAIN = os.path.join(ZOO, "train.py")
 EVAL = os.path.join(ZOO, "eval.py")
 CONFIGS = os.path.join(ZOO, "configs")
 SCRIPTS = os.path.join(REPO, "scripts")
-
-
-def _images(rng: np.random.Generator, labels: np.ndarray, size: int, classes: int) -> np.ndarray:
-    base = rng.integers(40, 216, size=(classes, 3), dtype=np.int16)
-    noise = rng.integers(-40, 41, size=(len(labels), size, size, 3), dtype=np.int16)
-    return (base[labels][:, None, None, :] + noise).astype(np.uint8)  # N,H,W,C
-
-
-def write_cifar10(root: str, train_per_file: int = 10000, files: int = 1, test: int = 10000,
-                  classes: int = 10, seed: int = 0) -> str:
-    """Write ``files`` training batch files and one test file; returns ``root``."""
-    rng = np.random.default_rng(seed)
-    os.makedirs(root, exist_ok=True)
-
-    def write(name: str, count: int) -> None:
-        labels = rng.integers(0, classes, size=count)
-        images = _images(rng, labels, 32, classes).transpose(0, 3, 1, 2).reshape(count, -1)  # CHW planes
-        records = np.concatenate([labels.astype(np.uint8)[:, None], images], axis=1)
-        records.astype(np.uint8).tofile(os.path.join(root, name))
-
-    for i in range(1, files + 1):
-        write(f"data_batch_{i}.bin", train_per_file)
-    if test:
-        write("test_batch.bin", test)
-    return root
 
 
 def write_image_folder(root: str, per_class: int = 8, classes: int = 5, size: int = 40, seed: int = 0) -> str:

@@ -1,0 +1,351 @@
+"""Adaptive THOR against tuned baselines: THOR recipes, lr/damping grids, Momentum and Lamb, on three tasks.
+
+Tasks (every run of a task starts from the same initial weights and sees the same batches; GRAPH_MODE, CPU):
+
+* ``lenet``: the quickstart's LeNet5 on scikit-learn digits (32x32, 20% held out; ``bench_thor_robust``'s
+  loader), batch 32, ``--lenet-epochs`` epochs of 44 steps. Figure: held-out accuracy; target 0.90.
+* ``resnet``: ``model_zoo/resnet``'s ResNet-18 (CIFAR stem, 32x32, ``--resnet-width`` channels in its first
+  stage; 64 is the published net) on CIFAR-10-format data from the zoo's generator
+  (``model_zoo.resnet.src.synthetic``: a colour per class plus noise), read by the zoo's own CIFAR-10 pipeline
+  (padded random crop, flip, normalisation), ``--resnet-images`` training images per epoch, batch 32,
+  ``--resnet-epochs`` epochs, read once; 320 held-out images. Figure: held-out accuracy; target 0.90.
+* ``bert``: ``model_zoo/bert``'s tiny BERT (2 layers, hidden 64, no dropout) pretrained with masked LM on a
+  generated corpus (sentences "the ADJ NOUN VERB PREP the ADJ NOUN ." whose verb is fixed by its noun), a
+  WordPiece vocabulary learned from it (``model_zoo.bert.bert_data``), sequence length 32, batch 16, masked
+  afresh every epoch, ``--bert-epochs`` epochs. Figure: masked-token accuracy on a held-out corpus;
+  target 0.50.
+
+Runs per task, every one with ``ms_optim.nn.TrainOneStepCell``, momentum 0.9 and no per-task tuning:
+
+* ``adaptive``: ``thor(net, lr, damping="adaptive", 0.9, frequency=--frequency)``, every other setting at its
+  default. ``--adaptive`` names what is adaptive: ``damping`` (lr then ``--adaptive-lr``, constant) or
+  ``damping,lr`` (``learning_rate="adaptive"`` too, for a thor that accepts it).
+* ``recipe``: THOR with the model zoo's recipe for that model, its lr and damping schedules spread over the
+  run: LeNet ``model_zoo/lenet`` (tuned lr, damping 0.01, weight decay 1e-4, per-tensor clipping, lr decayed
+  to 0), ResNet ``configs/resnet18_cifar10_thor.yaml`` (MindSpore's ImageNet THOR settings: lr 0.05 decay
+  4, damping 0.03 decay 0.5, weight decay 5e-4, loss scale 128; one epoch = the run's epoch, no label
+  smoothing), BERT ``model_zoo/bert/train.py``'s THOR defaults (lr 0.01 decayed linearly, damping 0.05
+  decayed to half, weight decay 0.01 off LayerNorm and biases). Frequency: LeNet's own (20); ResNet and
+  BERT ``--frequency`` (theirs, 100, are for epochs of thousands of steps).
+* ``thor``: THOR over the grid ``--lrs`` x ``--dampings`` (constant, no weight decay, no clipping).
+* ``momentum``: ``mindspore.nn.Momentum`` over ``--lrs``; for BERT also ``lamb``: ``ms_optim.nn.Lamb`` over
+  ``--lrs``.
+The best of a grid is its run with the best final figure (ties: the shorter time to target).
+
+Reported per run: time to target (training seconds until the first evaluation at or above the target; the
+first step's call, which compiles the graph, counts as one median step and its extra is reported as
+``compile_seconds``; evaluations every ``--eval-every`` steps with the clock paused), the final figure, the
+final loss, the NaN flag (the run stops at the first non-finite loss), NaN runs per grid and wall time.
+The adaptive run's extra forward pass is inside its steps, so its time includes it. Goals, reported met or
+not: adaptive THOR never goes NaN; its final figure is within 1 point (0.01) of the best grid THOR on every
+task; its time to target beats the best (fastest) grid Momentum's on at least two of the three tasks (a run
+that never reaches the target loses to one that does).
+
+Output: ``benchmarks/results/bench_thor_adaptive[_quick].json`` (every run with its curve, the table, the
+goals) and ``.png`` (held-out figure against training seconds per task: adaptive, recipe, best grid THOR,
+best Momentum, best Lamb; the target dashed), both rewritten after every run (``complete`` false until the
+last). Defaults: 36 runs (small data, few epochs, small grids: a benchmark of the method, not of converged
+accuracy); LeNet and BERT take a few minutes, ResNet-18's THOR runs most of the time (graph compilation
+and the THOR steps of a conv net: minutes per run on 2 cores);
+``--quick`` is a smoke run of a few steps per run (about a minute per task, mostly graph compilation).
+
+    nice python benchmarks/bench_thor_adaptive.py                          # the full benchmark
+    python benchmarks/bench_thor_adaptive.py --quick --tasks lenet         # smoke run
+    nice python benchmarks/bench_thor_adaptive.py --adaptive damping,lr    # with an adaptive learning rate
+"""
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import sys
+import time
+from typing import Dict, List, Optional, Sequence
+
+# Bootstrap, identical in every benchmark (model_zoo/README.md, "Imports").
+if not __package__:
+    _HERE = os.path.dirname(os.path.abspath(__file__))
+    if sys.path and os.path.abspath(sys.path[0] or os.curdir) == _HERE:
+        del sys.path[0]
+    sys.path.insert(0, os.path.dirname(_HERE))
+
+from benchmarks._adaptive_tasks import TARGETS, TASKS, build_task, recipe_optimizer  # noqa: E402
+from benchmarks._common import RESULTS_DIR, save_figure, write_json  # noqa: E402
+from benchmarks.bench_thor_robust import _floats  # noqa: E402
+
+ADAPTIVE = ("damping", "lr")
+POINT = 0.01  # "within 1 point" of a figure in [0, 1]
+
+
+def _adaptive(text: str) -> List[str]:
+    names = [x.strip() for x in text.split(",") if x.strip()]
+    if not names or any(n not in ADAPTIVE for n in names) or "damping" not in names:
+        raise argparse.ArgumentTypeError(f"must be 'damping' or 'damping,lr', got {text!r}")
+    return names
+
+
+def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], epilog=__doc__.split("\n\n", 1)[1],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    add = parser.add_argument
+    add("--tasks", default=",".join(TASKS), help=f"comma list of {','.join(TASKS)} (default all)")
+    add("--adaptive", type=_adaptive, default=["damping"],
+        help="what adaptive THOR adapts: 'damping' (default) or 'damping,lr' (learning_rate='adaptive')")
+    add("--adaptive-lr", type=float, default=0.1,
+        help="adaptive THOR's constant lr without 'lr' (default 0.1)")
+    add("--lrs", type=_floats, default=[0.01, 0.03, 0.1], help="lr grid of THOR, Momentum, Lamb (default "
+        "0.01,0.03,0.1)")
+    add("--dampings", type=_floats, default=[0.01, 0.1], help="THOR damping grid (default 0.01,0.1)")
+    add("--frequency", type=int, default=10, help="THOR frequency of every THOR run (default 10)")
+    add("--lenet-epochs", type=int, default=3, help="LeNet epochs of 44 steps (default 3)")
+    add("--resnet-width", type=int, default=8, help="ResNet-18 first-stage width (default 8)")
+    add("--resnet-images", type=int, default=160, help="ResNet training images per epoch (default 160)")
+    add("--resnet-epochs", type=int, default=3, help="ResNet epochs (default 3)")
+    add("--bert-epochs", type=int, default=6, help="BERT epochs (default 6)")
+    add("--eval-every", type=int, default=5, help="steps between held-out evaluations (default 5)")
+    add("--seed", type=int, default=1, help="seed of weights, data and batch order (default 1)")
+    add("--quick", action="store_true", help="smoke run: one grid point, a few steps per run, tiny nets")
+    add("--replot", action="store_true", help="train nothing: redraw the PNG from the JSON at --out")
+    add("--out", default=None, help="output path without extension (default benchmarks/results/"
+        "bench_thor_adaptive[_quick])")
+    args = parser.parse_args(argv)
+    args.tasks = [t.strip() for t in args.tasks.split(",") if t.strip()]
+    if not args.tasks or any(t not in TASKS for t in args.tasks):
+        parser.error(f"--tasks must be a comma list of {','.join(TASKS)}, got {args.tasks}")
+    if not args.lrs or not args.dampings or min(args.lrs + args.dampings + [args.adaptive_lr]) <= 0:
+        parser.error("--lrs, --dampings and --adaptive-lr need values > 0")
+    if min(args.lenet_epochs, args.resnet_width, args.resnet_epochs, args.bert_epochs, args.eval_every) < 1 \
+            or args.frequency < 2 or args.resnet_images < 32:
+        parser.error("epochs, --resnet-width and --eval-every must be >= 1, --frequency >= 2, "
+                     "--resnet-images >= 32")
+    if args.quick:
+        args.lrs, args.dampings = args.lrs[-1:], args.dampings[:1]
+        args.lenet_epochs = args.resnet_epochs = args.bert_epochs = 1
+        args.resnet_width, args.resnet_images, args.eval_every, args.frequency = 4, 64, 2, 2
+    if args.out is None:
+        args.out = os.path.join(RESULTS_DIR, "bench_thor_adaptive" + ("_quick" if args.quick else ""))
+    return args
+
+
+# ----------------------------------------------------------------------------------- one run
+def _optimizer(kind: str, lr, damping, task, net_with_loss, args):
+    """The optimizer of a run (``kind`` adaptive, recipe, thor, momentum or lamb) and the loss scale."""
+    import numpy as np
+    from mindspore import Tensor
+    from mindspore import nn as mnn
+
+    from ms_optim import nn as ms_nn
+
+    if kind == "adaptive":
+        lr_arg = "adaptive" if "lr" in args.adaptive else Tensor(np.float32(lr))
+        return ms_nn.thor(net_with_loss, lr_arg, "adaptive", 0.9, batch_size=task["batch"],
+                          frequency=args.frequency), 1.0
+    if kind == "recipe":
+        return recipe_optimizer(task, net_with_loss, args.frequency)
+    if kind == "thor":
+        return ms_nn.thor(net_with_loss, Tensor(np.float32(lr)), Tensor(np.float32(damping)), 0.9,
+                          batch_size=task["batch"], frequency=args.frequency), 1.0
+    params = net_with_loss.trainable_params()
+    return (mnn.Momentum(params, lr, 0.9) if kind == "momentum" else ms_nn.Lamb(params, lr)), 1.0
+
+
+def train_once(task: Dict, kind: str, lr, damping, args) -> Dict:
+    """One run from the task's initial weights over its batches; the curve, times, NaN flag, final figure."""
+    import statistics
+
+    import mindspore as ms
+    from mindspore import Tensor
+
+    from ms_optim import nn as ms_nn
+
+    ms.set_seed(args.seed)
+    net, net_with_loss = task["build"]()
+    opt, scale = _optimizer(kind, lr, damping, task, net_with_loss, args)
+    cell = ms_nn.TrainOneStepCell(net_with_loss, opt, sens=scale).set_train()
+    target = TARGETS[task["name"]]
+    steps, losses, curve, nan_step, reached = [], [], [], None, None
+    wall = time.perf_counter()
+    for step, batch in enumerate(task["batches"]):
+        start = time.perf_counter()
+        loss = float(cell(*[Tensor(x) for x in batch]).asnumpy())
+        steps.append(time.perf_counter() - start)
+        losses.append(loss)
+        if not math.isfinite(loss):
+            nan_step = step
+            break
+        if (step + 1) % args.eval_every == 0 or step + 1 == len(task["batches"]):
+            figure = task["evaluate"](net)
+            cell.set_train()
+            median = statistics.median(steps[1:]) if len(steps) > 1 else steps[0]
+            seconds = median + sum(steps[1:])
+            curve.append((step + 1, seconds, figure))
+            if reached is None and figure >= target:
+                reached = seconds
+    median = statistics.median(steps[1:]) if len(steps) > 1 else steps[0]
+    finite = nan_step is None
+    return {"task": task["name"], "kind": kind, "lr": None if kind in ("adaptive", "recipe") and lr is None
+            else lr, "damping": damping, "nan": not finite, "nan_step": nan_step,
+            "final": curve[-1][2] if finite and curve else float("nan"), "final_loss": losses[-1],
+            "seconds_to_target": reached, "train_seconds": median + sum(steps[1:]),
+            "compile_seconds": steps[0] - median, "median_step_ms": 1e3 * median, "steps": len(steps),
+            "wall_seconds": time.perf_counter() - wall, "curve": curve, "losses": losses}
+
+
+# ----------------------------------------------------------------------------------- summary
+def _best(runs: List[Dict], by_time: bool = False) -> Optional[Dict]:
+    finite = [r for r in runs if not r["nan"]]
+    if not finite:
+        return None
+    inf = float("inf")
+    if by_time:
+        return min(finite, key=lambda r: (r["seconds_to_target"] or inf, -r["final"]))
+    return min(finite, key=lambda r: (-r["final"], r["seconds_to_target"] or inf))
+
+
+def summarise(runs: List[Dict], tasks: Sequence[str]) -> Dict:
+    """The table (one row per task and run kind, grids as their best) and the goals, met or not."""
+    table, goals = [], {"never_nan": True, "within_1_point": {}, "beats_momentum_time": {}}
+    for name in tasks:
+        mine = [r for r in runs if r["task"] == name]
+        for kind in ("adaptive", "recipe", "thor", "momentum", "lamb"):
+            group = [r for r in mine if r["kind"] == kind]
+            if not group:
+                continue
+            best = _best(group) or group[0]
+            table.append({**{k: best[k] for k in ("task", "kind", "lr", "damping", "final", "final_loss",
+                                                   "seconds_to_target", "train_seconds", "nan")},
+                          "nan_runs": sum(r["nan"] for r in group), "runs": len(group),
+                          "wall_seconds": sum(r["wall_seconds"] for r in group)})
+        adaptive = next((r for r in mine if r["kind"] == "adaptive"), None)
+        thor, momentum = _best([r for r in mine if r["kind"] == "thor"]), \
+            _best([r for r in mine if r["kind"] == "momentum"], by_time=True)
+        if adaptive is None:
+            continue
+        goals["never_nan"] &= not adaptive["nan"]
+        goals["within_1_point"][name] = bool(thor is None or (not adaptive["nan"]
+                                                              and adaptive["final"] >= thor["final"] - POINT))
+        mine_t = adaptive["seconds_to_target"] if not adaptive["nan"] else None
+        theirs = momentum["seconds_to_target"] if momentum else None
+        goals["beats_momentum_time"][name] = bool(mine_t is not None and (theirs is None or mine_t < theirs))
+    goals["met"] = {"never_nan": goals["never_nan"],
+                    "within_1_point_every_task": all(goals["within_1_point"].values()),
+                    "beats_momentum_time_2_of_3": sum(goals["beats_momentum_time"].values()) >= 2}
+    return {"table": table, "goals": goals}
+
+
+def _fmt(value, spec: str = ".3f") -> str:
+    if isinstance(value, str):
+        return value
+    return "-" if value is None or (isinstance(value, float) and math.isnan(value)) else format(value, spec)
+
+
+def print_table(table: List[Dict]) -> None:
+    print(f"{'task':7s} {'run':9s} {'lr':>6s} {'damp':>6s} {'final':>6s} {'loss':>8s} {'to target s':>11s} "
+          f"{'train s':>8s} {'NaN runs':>8s} {'wall s':>7s}")
+    for row in table:
+        print(f"{row['task']:7s} {row['kind']:9s} {_fmt(row['lr'], 'g'):>6s} {_fmt(row['damping'], 'g'):>6s} "
+              f"{_fmt(row['final']):>6s} {_fmt(row['final_loss'], '.4f'):>8s} "
+              f"{_fmt(row['seconds_to_target'], '.1f'):>11s} {_fmt(row['train_seconds'], '.1f'):>8s} "
+              f"{row['nan_runs']}/{row['runs']:<6d} {row['wall_seconds']:7.0f}")
+
+
+def plot(path: str, runs: List[Dict], tasks: Sequence[str], title: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    colours = {"adaptive": "#C44E52", "recipe": "#8172B2", "thor": "#DD8452", "momentum": "#4C72B0",
+               "lamb": "#55A868"}
+    fig, axes = plt.subplots(1, len(tasks), figsize=(5.0 * len(tasks), 4.0), squeeze=False)
+    for ax, name in zip(axes[0], tasks):
+        mine = [r for r in runs if r["task"] == name]
+        for kind, colour in colours.items():
+            group = [r for r in mine if r["kind"] == kind]
+            run, nans = _best(group), sum(r["nan"] for r in group)
+            if group and run is None:  # every run of the kind went NaN: say so in the legend
+                ax.plot([], [], marker="x", color=colour, linestyle="none",
+                        label=f"{kind}: NaN at step {group[0]['nan_step']}" if len(group) == 1
+                        else f"{kind}: {nans}/{len(group)} NaN")
+            if run is None or not run["curve"]:
+                continue
+            total = len(group)
+            setting = "" if kind in ("adaptive", "recipe") else f" lr {run['lr']:g}"
+            setting += f" d {run['damping']:g}" if kind == "thor" else ""
+            label = f"{kind}{setting}: {run['final']:.3f}" + (f" ({nans}/{total} NaN)" if nans else "")
+            ax.plot([c[1] for c in run["curve"]], [c[2] for c in run["curve"]], marker=".", color=colour,
+                    linewidth=2.2 if kind == "adaptive" else 1.2, label=label)
+        ax.axhline(TARGETS[name], linestyle="--", linewidth=1, color="grey")
+        ax.set_title(f"{name}: held-out {TASKS[name]} (target {TARGETS[name]:g} dashed)", fontsize=9)
+        ax.set_xlabel("training seconds (compilation excluded)")
+        ax.set_ylabel(TASKS[name])
+        ax.set_ylim(0.0, 1.02)
+        ax.legend(fontsize=7, loc="lower right")
+    fig.suptitle(title, fontsize=9)
+    save_figure(fig, path)
+
+
+def _title(settings: Dict) -> str:
+    return (f"adaptive THOR ({','.join(settings['adaptive'])}) against the best run of each grid "
+            f"(lrs {settings['lrs']}, dampings {settings['dampings']}); frequency {settings['frequency']}")
+
+
+# ----------------------------------------------------------------------------------- main
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    args = parse_args(argv)
+    if args.replot:
+        import json
+
+        with open(args.out + ".json", encoding="utf-8") as handle:
+            saved = json.load(handle)
+        tasks = [t for t in saved["settings"]["tasks"] if any(r["task"] == t for r in saved["runs"])]
+        plot(args.out + ".png", saved["runs"], tasks, _title(saved["settings"]))
+        return 0
+    import mindspore as ms
+
+    from ms_optim._bridge import prime_numpy_bridge
+
+    ms.set_context(mode=ms.GRAPH_MODE, device_target="CPU")
+    prime_numpy_bridge()
+    runs: List[Dict] = []
+    wall = time.perf_counter()
+    for name in args.tasks:
+        task = build_task(name, args)
+        plan = [("adaptive", args.adaptive_lr, "adaptive"), ("recipe", None, None)]
+        plan += [("thor", lr, d) for lr in args.lrs for d in args.dampings]
+        plan += [(kind, lr, None) for kind in task["baselines"] for lr in args.lrs]
+        for kind, lr, damping in plan:
+            try:
+                run = train_once(task, kind, lr, damping, args)
+            except (TypeError, ValueError) as exc:
+                if kind == "adaptive":
+                    refused = f"this ms_optim's thor refuses --adaptive {','.join(args.adaptive)}: {exc}"
+                    raise SystemExit(refused) from None
+                raise
+            runs.append(run)
+            save(args, runs, time.perf_counter() - wall)  # after every run: an interrupted run keeps its part
+            outcome = f"NaN at step {run['nan_step']}" if run["nan"] else f"final {run['final']:.3f}"
+            print(f"{name:6s} {kind:8s} lr={_fmt(lr, 'g'):6s} damping={str(damping):8s} -> {outcome}, "
+                  f"to target "
+                  f"{_fmt(run['seconds_to_target'], '.1f')} s, {run['wall_seconds']:.0f} s wall", flush=True)
+    summary = save(args, runs, time.perf_counter() - wall, complete=True)
+    print_table(summary["table"])
+    print(f"goals: {summary['goals']['met']}; {time.perf_counter() - wall:.0f} s wall for {len(runs)} runs")
+    print(f"wrote {args.out}.json and {args.out}.png")
+    return 0
+
+
+def save(args, runs: List[Dict], wall: float, complete: bool = False) -> Dict:
+    """Write the JSON and the PNG of the runs so far (``complete``: every planned run is in)."""
+    tasks = [t for t in args.tasks if any(r["task"] == t for r in runs)]
+    summary = summarise(runs, tasks)
+    settings = {k: v for k, v in vars(args).items() if k != "out"}
+    write_json(args.out + ".json", {"settings": settings, "complete": complete,
+                                    "targets": {t: TARGETS[t] for t in args.tasks},
+                                    "wall_seconds": wall, **summary, "runs": runs})
+    plot(args.out + ".png", runs, tasks, _title(settings))
+    return summary
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,43 @@
+"""Smoke run of benchmarks/bench_thor_adaptive.py (marked ``bench``: excluded from the default test command):
+``--quick`` on LeNet5 writes the JSON (every run, the table, the goals) and the PNG; ``--help`` explains the
+options and bad ones are refused."""
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+from support import REPO
+
+SCRIPT = os.path.join(REPO, "benchmarks", "bench_thor_adaptive.py")
+
+pytestmark = pytest.mark.bench
+
+
+def test_bench_thor_adaptive_quick_lenet(tmp_path):
+    out = tmp_path / "adaptive"
+    run = subprocess.run([sys.executable, SCRIPT, "--quick", "--tasks", "lenet", "--out", str(out)],
+                         capture_output=True, text=True, timeout=900)
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    result = json.loads((tmp_path / "adaptive.json").read_text())
+    kinds = [r["kind"] for r in result["runs"]]
+    assert kinds == ["adaptive", "recipe", "thor", "momentum"]  # --quick: one grid point
+    assert all(r["task"] == "lenet" and r["steps"] <= 6 for r in result["runs"])
+    assert [row["kind"] for row in result["table"]] == kinds
+    goals = {"never_nan", "within_1_point_every_task", "beats_momentum_time_2_of_3"}
+    assert set(result["goals"]["met"]) == goals
+    assert result["targets"] == {"lenet": 0.9} and result["settings"]["adaptive"] == ["damping"]
+    for r in result["runs"]:
+        assert r["nan"] or 0.0 <= r["final"] <= 1.0
+    assert (tmp_path / "adaptive.png").stat().st_size > 0
+
+
+def test_bench_thor_adaptive_help_and_bad_options():
+    run = subprocess.run([sys.executable, SCRIPT, "--help"], capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0
+    for text in ("--adaptive", "--lrs", "--dampings", "--quick", "--tasks", "time to target",
+                 "--resnet-width", "target 0.90"):
+        assert text in run.stdout
+    for bad, option in ((["--adaptive", "lr"], "--adaptive"), (["--tasks", "vgg"], "--tasks")):
+        refused = subprocess.run([sys.executable, SCRIPT, *bad], capture_output=True, text=True, timeout=120)
+        assert refused.returncode == 2 and option in refused.stderr
