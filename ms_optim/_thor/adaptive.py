@@ -9,6 +9,7 @@ of a schedule. With ``f = frequency``, ``T = adapt_every``, ``[d_min, d_max] = d
     if d is not set yet (the first step, a THOR step):         # the initial-damping heuristic
         p_l  <- (tr(A_l) / n_A,l) * (tr(G_l) / n_G,l)          # mean eigenvalue of layer l's A_l (x) G_l
         d    <- 10 * exp(mean of log p_l over the layers with a finite p_l > 0)   (0.03 if there is none)
+        d    <- max(d, 0.03)         # small factors (small weights) must not start THOR nearly undamped
         d    <- mean over data-parallel ranks of d;  d <- clip(d, d_min, d_max)
     lam  <- sqrt(d)
     re-invert every layer if t % f == 0 (THOR's schedule) or d != d_inv (d changed since the last inversion;
@@ -66,7 +67,9 @@ UPPER_RATIO = 0.75
 DECAY_PER_STEP = 19.0 / 20.0
 #: the initial damping is this times the geometric mean over the layers of tr(A)/n_A * tr(G)/n_G
 INITIAL_SCALE = 10.0
-#: the initial damping when no layer has a positive finite trace product (all factors zero)
+#: the initial damping's floor (the scale of MindSpore's published THOR recipes' initial damping,
+#: 0.02 to 0.03);
+#: also the initial damping when no layer has a positive finite trace product (all factors zero)
 FALLBACK_DAMPING = 0.03
 #: the ratio recorded when (L1 - L0) / q is not finite
 FAILED_RATIO = -100.0
@@ -167,6 +170,7 @@ class AdaptiveDamping(nn.Cell):
             count = count + ops.cast(usable, mstype.float32)
         guess = INITIAL_SCALE * ops.exp(log_sum / ops.maximum(count, self.one))
         guess = ops.select(count > 0, guess, FALLBACK_DAMPING * self.one)
+        guess = ops.maximum(guess, FALLBACK_DAMPING * self.one)  # small factors must not mean a tiny damping
         guess = ops.reshape(self._mean_over_ranks(ops.reshape(guess, (1,))), ())
         return ops.minimum(ops.maximum(guess, self.low), self.high)
 

@@ -7,7 +7,7 @@ docstrings), on top of :class:`reference.thor_ref.ThorReference` (THOR's step). 
 
 .. code-block:: text
 
-    first step:  p_l = tr(A_l)/n_A * tr(G_l)/n_G;  d = clip(10 * exp(mean log p_l over p_l > 0), lo, hi)
+    first step:  p_l = tr(A_l)/n_A * tr(G_l)/n_G;  d = clip(max(10 * exp(mean log p_l over p_l > 0), 0.03), lo, hi)
     invert if t % f == 0 (this step's factors, which are then stored) or d != d_inv (the stored factors)
     THOR's update
     if (t + 1) % T == 0:
@@ -39,14 +39,15 @@ def block_diagonal(factor: Array, block_size: Optional[int]) -> Array:
 
 
 def initial_damping(factors: Dict[str, Tuple[Array, Array]], bounds: Tuple[float, float]) -> float:
-    """``clip(10 * geometric mean over the layers of tr(A)/n_A * tr(G)/n_G, lo, hi)`` (0.03 if none > 0)."""
+    """``clip(max(10 * geometric mean over the layers of tr(A)/n_A * tr(G)/n_G, 0.03), lo, hi)`` (0.03 if
+    none > 0)."""
     logs = []
     for a, g in factors.values():
         a_mean = float(np.sum(a)) / a.shape[0] if a.ndim == 1 else float(np.trace(a)) / a.shape[0]
         product = a_mean * float(np.trace(g)) / g.shape[0]
         if math.isfinite(product) and product > 0:
             logs.append(math.log(product))
-    guess = 10.0 * math.exp(sum(logs) / len(logs)) if logs else 0.03
+    guess = max(10.0 * math.exp(sum(logs) / len(logs)) if logs else 0.03, 0.03)
     return min(max(guess, bounds[0]), bounds[1])
 
 
