@@ -29,7 +29,6 @@ from ms_optim._thor import device_rules as rules
 from ms_optim._thor.config import ThorConfig
 from ms_optim._thor.layerwise import LayerInversion
 from ms_optim._thor.modes import Strategy
-from ms_optim._thor.parallel import FactorAllReduce
 from ms_optim._thor.slot import layer_inverses
 from ms_optim._thor.trace import decide_trace, factor_trace
 
@@ -44,8 +43,7 @@ class AveragedInversion(LayerInversion):
     def __init__(self, slots: nn.CellList, layers: Sequence, config: ThorConfig,
                  kernels: Optional[object] = None):
         super().__init__(slots, layers, config, kernels)
-        self.reduce_a, self.reduce_g, self.reduce_stats, self.reduce_traces = (
-            FactorAllReduce(self.num_layers, config.split_indices, ranks=config.ranks) for _ in range(4))
+        self.reduce_a, self.reduce_g, self.reduce_stats, self.reduce_traces = self._reductions(config, 4)
 
     def _decisions(self, a_factors, g_factors):
         """The trace rule's per-layer decisions from the ranks' mean traces, and its bookkeeping."""

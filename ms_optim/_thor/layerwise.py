@@ -50,6 +50,13 @@ class LayerInversion(nn.Cell):
         self.sharing = InverseSharing(slots, config.split_indices, config.distribute_inverses, config.ranks)
         self.zero_step = Tensor([0], mstype.int32)
 
+    def _reductions(self, config: ThorConfig, count: int, ordered: bool = False) -> tuple:
+        """``count`` mean all-reduces of per-layer tuples over the data-parallel ranks (identities on one
+        rank), fused in the ``split_indices`` groups; ``ordered``: issued in layer order
+        (``parallel.FactorAllReduce``)."""
+        return tuple(FactorAllReduce(self.num_layers, config.split_indices, ordered=ordered,
+                                     ranks=config.ranks) for _ in range(count))
+
     def anchor(self, gradients):
         """What the THOR branch reads the factors after: every layer waits for its own weight's gradient."""
         return gradients
@@ -75,8 +82,7 @@ class LayerwiseInversion(LayerInversion):
     def __init__(self, slots: nn.CellList, layers: Sequence, config: ThorConfig,
                  kernels: Optional[object] = None):
         super().__init__(slots, layers, config, kernels)
-        self.reduce_a = FactorAllReduce(self.num_layers, config.split_indices, ranks=config.ranks)
-        self.reduce_g = FactorAllReduce(self.num_layers, config.split_indices, ranks=config.ranks)
+        self.reduce_a, self.reduce_g = self._reductions(config, 2)
 
     def construct(self, gradients, lam, factor_loss_scale):
         a_factors, g_factors = self.read_factors(gradients, factor_loss_scale)

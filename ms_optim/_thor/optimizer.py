@@ -297,10 +297,9 @@ class ThorOptimizer(Optimizer):
         return self.hyper_map(precondition, self.param_treatment, gradients, self.param_g_inv,
                               self.param_a_inv)
 
-    def _staged_update(self, params, gradients, lam):
+    def _staged_update(self, params, gradients, lam, lr):
         """Precondition every gradient, then the rules that read all of them (KL clip, unit-norm clip), decay
-        and the momentum (or Nesterov) steps."""
-        lr = self.get_lr()
+        and the momentum (or Nesterov) steps, at learning rate ``lr``."""
         raw_gradients = gradients
         gradients = self._precondition(gradients, lam)
         if self.kl_clip is not None:
@@ -320,16 +319,17 @@ class ThorOptimizer(Optimizer):
         """The update after the inversion branch: THOR's (the learning-rate schedule and the momentum), then
         the damping rule's ``after_update``. ``learning_rate="adaptive"`` overrides it
         (``ms_optim._thor.adaptive_lr.AdaptiveLrThorOptimizer``)."""
+        lr = self.get_lr()  # read once: the update and the damping rule use the same value
         if self.sequential_update:  # the same rules, one parameter at a time (ms_optim._thor.update)
-            update = (self.opt, self.momentum, self.get_lr(),
+            update = (self.opt, self.momentum, lr,
                       self.weight_decay_tensor if self.apply_weight_decay else None)
             success = self.hyper_map(F.partial(sequential_step, update, (self.precondition_kernel, lam,
                                                                          self.batch_size_float)),
                                      self.param_treatment, self.decay_flags, gradients, params, self.moments,
                                      self.param_g_inv, self.param_a_inv)
         else:
-            success = self._staged_update(params, gradients, lam)
-        return self.damping_rule.after_update(success, step, gradients, self.get_lr(), self.moments)
+            success = self._staged_update(params, gradients, lam, lr)
+        return self.damping_rule.after_update(success, step, gradients, lr, self.moments)
 
     @jit(backend="ms_backend")
     def construct(self, gradients):

@@ -16,7 +16,6 @@ from mindspore.ops import functional as F
 from ms_optim._thor.config import ThorConfig
 from ms_optim._thor.layerwise import LayerInversion
 from ms_optim._thor.modes import Strategy
-from ms_optim._thor.parallel import FactorAllReduce
 from ms_optim._thor.slot import invert_layer
 from ms_optim._thor.trace import decide
 
@@ -31,10 +30,7 @@ class SharedInversion(LayerInversion):
     def __init__(self, slots: nn.CellList, layers: Sequence, config: ThorConfig,
                  kernels: Optional[object] = None):
         super().__init__(slots, layers, config, kernels)
-        self.reduce_a = FactorAllReduce(self.num_layers, config.split_indices, ordered=True,
-                                        ranks=config.ranks)
-        self.reduce_g = FactorAllReduce(self.num_layers, config.split_indices, ordered=True,
-                                        ranks=config.ranks)
+        self.reduce_a, self.reduce_g = self._reductions(config, 2, ordered=True)
 
     def construct(self, gradients, lam, factor_loss_scale):
         a_factors, g_factors = self.read_factors(gradients, factor_loss_scale)
