@@ -12,12 +12,11 @@ A and G, not the product of the means (``ms_optim._thor.adaptive_lr``, "Data par
 step's loss is compared there.
 """
 import os
-import subprocess
 import sys
 
 import numpy as np
 import pytest
-from support.msrun import free_port, tail
+from support.msrun import run_single_and_two_ranks
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
@@ -37,15 +36,7 @@ pytestmark = [pytest.mark.distributed, pytest.mark.slow]
 @pytest.fixture(scope="module")
 def results(tmp_path_factory):
     out = tmp_path_factory.mktemp("dp_adaptive")
-    logs = out / "logs"
-    single = subprocess.run([sys.executable, WORKER, "--out", str(out), "--single"],
-                            capture_output=True, text=True, timeout=600)
-    assert single.returncode == 0, single.stdout[-3000:] + single.stderr[-3000:]
-    cmd = ["msrun", "--worker_num=2", "--local_worker_num=2", "--master_addr=127.0.0.1",
-           f"--master_port={free_port()}", "--join=True", f"--log_dir={logs}", WORKER, "--out", str(out)]
-    run = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
-    worker_logs = "\n".join(tail(str(logs / f"worker_{r}.log")) for r in range(2))
-    assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-2000:] + worker_logs
+    run_single_and_two_ranks(WORKER, out, (), timeout=600)
     return out
 
 

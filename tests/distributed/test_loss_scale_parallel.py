@@ -7,12 +7,10 @@ process trained on the concatenated batches, in GRAPH and PYNATIVE mode, for the
 MindSpore's Momentum and the clip-by-global-norm cell with ms_optim's Lamb.
 """
 import os
-import subprocess
-import sys
 
 import numpy as np
 import pytest
-from support.msrun import free_port, tail
+from support.msrun import run_single_and_two_ranks
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 WORKER = os.path.join(HERE, "loss_scale_worker.py")
@@ -24,15 +22,7 @@ pytestmark = [pytest.mark.distributed, pytest.mark.slow]
 @pytest.fixture(scope="module")
 def results(tmp_path_factory):
     out = tmp_path_factory.mktemp("dp_loss_scale")
-    logs = out / "logs"
-    single = subprocess.run([sys.executable, WORKER, "--out", str(out), "--single"],
-                            capture_output=True, text=True, timeout=300)
-    assert single.returncode == 0, single.stdout[-3000:] + single.stderr[-3000:]
-    cmd = ["msrun", "--worker_num=2", "--local_worker_num=2", "--master_addr=127.0.0.1",
-           f"--master_port={free_port()}", "--join=True", f"--log_dir={logs}", WORKER, "--out", str(out)]
-    run = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
-    worker_logs = "\n".join(tail(str(logs / f"worker_{r}.log")) for r in range(2))
-    assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-2000:] + worker_logs
+    run_single_and_two_ranks(WORKER, out, (), timeout=300)
     return out
 
 

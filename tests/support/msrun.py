@@ -1,5 +1,9 @@
 """The harness of the data-parallel tests, which start 2 CPU ranks through ``msrun`` on 127.0.0.1."""
+import os
 import socket
+import subprocess
+import sys
+from typing import Sequence
 
 
 def free_port() -> int:
@@ -16,3 +20,18 @@ def tail(path: str, n: int = 40) -> str:
             return "".join(f.readlines()[-n:])
     except OSError:
         return ""
+
+
+def run_single_and_two_ranks(worker: str, out: str, args: Sequence[str] = (), timeout: int = 300) -> None:
+    """Run ``worker`` (a script taking ``--out OUT [--single]`` and ``args``) once as one process on the whole
+    batch (``--single``), then on 2 ``msrun`` ranks; both write their results under ``out``. Asserts each
+    succeeded, with its output (and the ranks' log tails) as the failure message."""
+    base = [worker, "--out", str(out), *args]
+    single = subprocess.run([sys.executable, *base, "--single"], capture_output=True, text=True, timeout=timeout)
+    assert single.returncode == 0, single.stdout[-3000:] + single.stderr[-3000:]
+    logs = os.path.join(str(out), "logs")
+    cmd = ["msrun", "--worker_num=2", "--local_worker_num=2", "--master_addr=127.0.0.1",
+           f"--master_port={free_port()}", "--join=True", f"--log_dir={logs}", *base]
+    run = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+    worker_logs = "\n".join(tail(os.path.join(logs, f"worker_{r}.log")) for r in range(2))
+    assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-2000:] + worker_logs
