@@ -219,11 +219,18 @@ class AdaptiveDamping(nn.Cell):
         change = values[1] - values[0]
         ratio = change / values[2]
         ratio = ops.select(ops.isfinite(ratio), ratio, self.failed)
+        return self.adapt_ratio(ratio, change, values[2])
+
+    def adapt_ratio(self, ratio, change, predicted):
+        """The Levenberg-Marquardt update of the damping from a reduction ratio (already averaged over the
+        ranks); records ``ratio``, ``change`` and ``predicted``; returns the new damping. ``adapt`` calls it,
+        and ``learning_rate="adaptive"``'s step with its own ratio (``ms_optim._thor.adaptive_lr``)."""
         factor = ops.select(ratio < LOWER_RATIO, self.inverse_omega,
                             ops.select(ratio > UPPER_RATIO, self.omega, self.one))
         damping = ops.minimum(ops.maximum(self.value * factor, self.low), self.high)
         done = ops.assign(self.ratio, ratio)
         done = F.depend(done, ops.assign(self.loss_change, change))
+        done = F.depend(done, ops.assign(self.predicted, predicted))
         return F.depend(damping, F.depend(ops.assign(self.value, damping), done))
 
 

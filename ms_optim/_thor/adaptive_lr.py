@@ -1,10 +1,18 @@
-r"""``thor(..., learning_rate="adaptive")``: step size and momentum from THOR's quadratic model, every step.
+r"""``thor(..., learning_rate="adaptive")``: step size and momentum from a quadratic model whose curvature is
+measured on the batch, every step.
 
 No learning-rate schedule and no fixed momentum: each step combines the new preconditioned direction and
-the previous update with the two coefficients that minimise the quadratic model of the loss over their span
+the previous update with the two coefficients that minimise a quadratic model of the loss over their span
 (Martens & Grosse's K-FAC, section 7; kfac-jax's ``use_adaptive_learning_rate`` with
-``use_adaptive_momentum``). On step ``t`` with damping ``d`` (the schedule's ``damping[t]`` or the adaptive
-rule's value), ``wd = weight_decay``:
+``use_adaptive_momentum``). kfac-jax takes the model's curvature from exact curvature-vector products; the
+Kronecker factors alone under-estimate it (their model's minimiser along THOR's own direction is the
+natural-gradient step, far too long where the damping is small). So THOR's model is the Kronecker curvature
+``K`` times a scalar calibration ``kappa``, and ``kappa`` is measured each step from the loss at a trial
+point on the same batch: one extra forward pass, run by the training cell
+(:class:`~ms_optim._thor.probe.LossProbe`).
+
+On step ``t`` with damping ``d`` (the schedule's ``damping[t]`` or the adaptive rule's value), ``wd =
+weight_decay``, ``L0`` the step's loss:
 
 .. code-block:: text
 
@@ -14,48 +22,71 @@ rule's value), ``wd = weight_decay``:
     x_j   <- -u_j                                 (the new direction)
     y_j   <- the previous update w_j(t) - w_j(t-1)  (stored in ``moments.<name>``; 0 before the first step)
     h_j   <- g_j + wd w_j   where decay_filter(w_j), else g_j    (the gradient of loss + wd/2 ||w||^2)
-    K(a, b) = sum_j c_j(a_j, b_j) + sum_j (d + wd [decay_filter(w_j)]) <a_j, b_j>
 
+    K(a, b) = sum_j c_j(a_j, b_j)                 (the Kronecker curvature)
         c_j(a, b) = <G_l a, b A_l>                 Dense/Conv weight of layer l (as out x (in*kh*kw))
                     <diag(a_l) a, b G_l>           Embedding table
                     <g_j^2 / batch_size, a b>      LayerNorm gamma/beta (the diagonal THOR inverts)
                     0                              every other parameter (no curvature is stored)
+    N(a, b) = sum_j <a_j, b_j>;   W(a, b) = sum_j [decay_filter(w_j)] <a_j, b_j>
 
     A_l, G_l: the layer's stored factors (diagonal blocks as stored, G divided by the square of the loss scale
-    of the backward pass that collected them): ``ms_optim._thor.quad_model``'s curvature (under the "gpu" and
-    "ascend" conventions their factors; MindSpore's post-processing of the inverses is not modelled); the
-    damping enters as d times the identity (THOR adds sqrt(d) to each factor: d I is the leading term of the
-    product (A + sqrt(d) I) (x) (G + sqrt(d) I), whose cross terms make THOR's own step shorter than the
-    model's minimiser along it, so alpha > 1 is common).
+    of the backward pass that collected them), as ``ms_optim._thor.quad_model``.
 
-    M = [[K(x, x), K(x, y)], [K(x, y), K(y, y)]],   b = [<h, x>, <h, y>]      (M, b averaged over the ranks)
-    minimise  m(alpha, beta) = 1/2 [alpha beta] M [alpha beta]^T + b . [alpha beta]:
+    M(k) = k [[K(x,x), K(x,y)], [K(x,y), K(y,y)]] + d N + wd W,   b = [<h,x>, <h,y>],   e = [<g,x>, <g,y>]
+        (K, N, W, b, e averaged over the data-parallel ranks: every rank solves the same system)
+    solve(M, b): the minimiser of m(alpha, beta) = 1/2 [alpha beta] M [alpha beta]^T + b . [alpha beta]:
+        2-D:  det = M00 M11 - M01^2;  (alpha, beta) = (M01 b1 - M11 b0, M01 b0 - M00 b1) / det
+              when M00 > 0, M11 > 0, det > DEGENERATE * M00 M11, everything finite, and its m is not above
+              the 1-D step's m
+        1-D:  (-b0 / M00, 0)   otherwise, when M00 > 0 and it is finite (the first step: y = 0)
+        none: (0, 0)           otherwise (no finite model: the parameters stay)
+        then, kl_clip = c given: the trust region (alpha, beta) <- (alpha, beta) min(1, sqrt(c / k)) with
+        k = [alpha beta] M [alpha beta]^T (the step's curvature norm, twice its KL estimate)
 
-    2-D:  det = M00 M11 - M01^2;  (alpha, beta) = (M01 b1 - M11 b0, M01 b0 - M00 b1) / det
-          taken when M00 > 0, M11 > 0, det > DEGENERATE * M00 M11, everything finite, and its m is not above
-          the 1-D step's m
-    1-D:  (alpha, beta) = (-b0 / M00, 0)          otherwise, when M00 > 0, b0 and its m finite (the first
-                                                  step: y = 0; the entries of y play no part)
-    none: (alpha, beta) = (0, 0)                  otherwise (no finite model: the parameters stay)
+    trial:   (a0, b0) <- solve(M(kappa), b);   p_j = a0 x_j + b0 y_j;   w_j <- w_j + p_j
+    probe:   L_p <- the loss on the same batch at the trial point      (the training cell's extra pass)
+             (L0, L_p) averaged over the ranks
+    measure: c   = 2 (L_p - L0 - (a0 e0 + b0 e1))        (the loss's curvature along p, measured)
+             k_p = [a0 b0] K [a0 b0]^T                   (the Kronecker curvature along p)
+             kappa' = c / k_p,  clipped to [max(kappa / 2, KAPPA_MIN), KAPPA_MAX]
+                                  when L_p is finite and k_p > 0 (c <= 0 gives kappa / 2)
+                      min(FAILED_GROWTH kappa, KAPPA_MAX)  when L_p or c is not finite
+                      kappa                                otherwise (no curvature along p)
+    final:   (alpha, beta) <- solve(M(kappa'), b);   s_j = alpha x_j + beta y_j
+             w_j <- w_j + (s_j - p_j)  (= the weights before the trial + s_j);   y_j <- s_j;   kappa <- kappa'
 
-    trust region (kl_clip = c given):  k = [alpha beta] M [alpha beta]^T   (the step's damped curvature norm,
-          twice its KL estimate);  (alpha, beta) <- (alpha, beta) * min(1, sqrt(c / k))   when k is finite > 0
+``kappa`` starts at 1 (the Kronecker model as it is) and carries over between steps, so the trial is made
+with the last step's calibration; it can halve at most per step (the final step is at most about twice the
+trial, which was measured) and rise without limit up to ``KAPPA_MAX``. ``alpha`` plays the learning rate and
+``beta`` the momentum; both are recorded (``step_size``, ``momentum_coefficient``), as are ``kappa``
+(``calibration``) and the trial's ``(a0, b0)``.
 
-    s_j  <- alpha x_j + beta y_j;   w_j <- w_j + s_j;   moments.<name> <- s_j
+With ``damping="adaptive"`` the damping rule needs no pass of its own: on an adaptation step its reduction
+ratio is the one the damped Kronecker model's own minimiser along p would get on the measured curvature,
 
-``alpha`` plays the learning rate and ``beta`` the momentum; both are recorded (``step_size``,
-``momentum_coefficient``). What the other arguments become: ``momentum`` is validated as always and not used
-(the momentum coefficient is ``beta``); ``kl_clip`` is the trust region above instead of THOR's scaling of the
-preconditioned gradient (which the solve would undo: the model's minimiser does not depend on the direction's
-length); ``use_nesterov=True`` is refused. A damping Tensor (schedule) or ``damping="adaptive"`` both work:
-with the adaptive damping its reduction ratio measures the step actually taken (``quad_model`` with
-``delta = moments``, the update itself).
+.. code-block:: text
+
+    k_d = k_p + d [a0 b0] N [a0 b0]^T;    rho = 2 - c / k_d     (FAILED_RATIO when not finite or k_d <= 0)
+
+(along p the model is ``tau <e,(a0,b0)> + tau^2 k_d / 2``, the loss ``tau <e,(a0,b0)> + tau^2 c / 2``; at the
+model's minimiser their changes are in the ratio ``2 - c / k_d``). The rule then raises the damping where the
+Kronecker model misses curvature the batch shows (``c > 1.75 k_d``) and lowers it where the model holds
+(``c < 1.25 k_d``): the damping becomes the curvature THOR's factors lack, and ``kappa`` the step size.
+
+What the other arguments become: ``momentum`` is validated as always and not used (the momentum coefficient
+is ``beta``); ``kl_clip`` is the trust region above instead of THOR's scaling of the preconditioned gradient
+(which the solve would undo); ``use_nesterov=True`` is refused. The optimizer must be stepped by a training
+cell that runs the probe (ms_optim's ``TrainOneStepCell``, ``TrainOneStepWithLossScaleCell``, ``ModelThor``);
+with MindSpore's own cells the step raises RuntimeError when it compiles, before any parameter changes.
+The probe is the network's forward in training mode at the trial point (BatchNorm's moving statistics see
+the batch a second time; dropout draws new masks, which adds their noise to ``c``).
 
 Data parallel: the gradients are the ranks' mean and the inverses are the same on every rank, but each rank's
-stored factors are its own batch's, so M and b are averaged over the ranks (one all-reduce of 5 numbers) and
-every rank takes the same step. The mean of the ranks' models is not the model of the concatenated batch (the
-Kronecker product is not linear in the factors), so a data-parallel run is not the single-process run on the
-concatenated batch number for number, as it is with a learning-rate schedule.
+stored factors and loss are its own batch's, so the system (13 numbers) and the losses (2) are averaged over
+the ranks and every rank takes the same step. The mean of the ranks' models is not the model of the
+concatenated batch (the Kronecker product is not linear in the factors), so a data-parallel run is not the
+single-process run on the concatenated batch number for number, as it is with a learning-rate schedule.
 """
 from __future__ import annotations
 
@@ -68,45 +99,59 @@ from mindspore.ops import composite as C
 from mindspore.ops import functional as F
 
 from ms_optim._thor import preconditioner as pc
+from ms_optim._thor.adaptive import FAILED_RATIO
 from ms_optim._thor.config import ThorConfig
 from ms_optim._thor.optimizer import ThorOptimizer
 from ms_optim._thor.parallel import sum_allreduce
 from ms_optim._thor.update import apply_decay, clip_to_unit_norm
 
-__all__ = ["AdaptiveLrThorOptimizer", "QuadraticStep", "DEGENERATE", "system_terms", "solve_coefficients"]
+__all__ = ["AdaptiveLrThorOptimizer", "QuadraticStep", "DEGENERATE", "KAPPA_MIN", "KAPPA_MAX", "FAILED_GROWTH",
+           "system_terms", "solve_coefficients", "model_system", "UNBOUND_MESSAGE"]
 
 #: the 2x2 system counts as singular when det <= DEGENERATE * M00 * M11 (the directions nearly parallel)
 DEGENERATE = 1e-5
+#: the calibration's range
+KAPPA_MIN = 1e-4
+KAPPA_MAX = 1e8
+#: the calibration is multiplied by it when the loss at the trial point is not finite
+FAILED_GROWTH = 10.0
+#: the calibration falls at most by this factor per step (the final step is at most about twice the trial)
+MAX_FALL = 0.5
 
-#: ``hyper_map(F.partial(system_terms, d, wd, u, batch_size), treatments, decay_flags, gradients, directions,
-#: previous, weights, a_factors, g_factors)``: each parameter's share of ``(M00, M01, M11, b0, b1)``
+UNBOUND_MESSAGE = ("For 'thor', learning_rate='adaptive' measures the loss at a trial point on each step's "
+                   "batch, which the training cell computes: step it with ms_optim.nn.TrainOneStepCell or "
+                   "ms_optim.nn.TrainOneStepWithLossScaleCell (MindSpore's arguments), or a ModelThor "
+                   "(ms_optim.train_thor.ConvertModelUtils.convert_to_thor_model), not with MindSpore's own "
+                   "TrainOneStepCell or Model, which never run that forward pass.")
+
+#: ``hyper_map(F.partial(system_terms, wd, u, batch_size), treatments, decay_flags, gradients, directions,
+#: previous, weights, a_factors, g_factors)``: each parameter's share of the 13 numbers ``(K, N, W, b, e)``
 system_terms = C.MultitypeFuncGraph("thor_system_terms")
-#: ``hyper_map(F.partial(take_step, alpha, beta), directions, weights, previous)``: ``s = -alpha u + beta y``
-take_step = C.MultitypeFuncGraph("thor_take_step")
+#: ``hyper_map(F.partial(take_trial, a0, b0), directions, weights, previous, stored)``: ``x = -u`` stored,
+#: ``w += a0 x + b0 y``
+take_trial = C.MultitypeFuncGraph("thor_take_trial")
+#: ``hyper_map(F.partial(take_final, a0, b0, alpha, beta), stored, weights, previous)``:
+#: ``w += (alpha - a0) x + (beta - b0) y``; ``y <- alpha x + beta y``
+take_final = C.MultitypeFuncGraph("thor_take_final")
 
 
 def _dots(ca, cb, a, b):
-    """``(<ca, a>, <ca, b>, <cb, b>)``: the curvature's bilinear form from its two half-products."""
+    """``(<ca, a>, <ca, b>, <cb, b>)``: a bilinear form from its two half-products."""
     return ops.reduce_sum(ca * a), ops.reduce_sum(ca * b), ops.reduce_sum(cb * b)
 
 
-@system_terms.register("Tensor", "Tensor", "Tensor", "Number", "Tuple", "Bool", "Tensor", "Tensor", "Tensor",
-                       "Tensor", "Tensor", "Tensor")
-def _system_terms_tensor(damping, weight_decay, g_unscale, batch_size, treatment, decay, gradient, direction,
-                         previous, weight, a_factor, g_factor):
-    """One parameter's ``(c(x,x) + r<x,x>, c(x,y) + r<x,y>, c(y,y) + r<y,y>, <h,x>, <h,y>)``, float32, with
-    ``r = d (+ wd)`` and ``h = g (+ wd w)`` (module docstring)."""
+@system_terms.register("Tensor", "Tensor", "Number", "Tuple", "Bool", "Tensor", "Tensor", "Tensor", "Tensor",
+                       "Tensor", "Tensor")
+def _system_terms_tensor(weight_decay, g_unscale, batch_size, treatment, decay, gradient, direction, previous,
+                         weight, a_factor, g_factor):
+    """One parameter's ``(K(x,x), K(x,y), K(y,y), N.., W.., <h,x>, <h,y>, <g,x>, <g,y>)``, float32 (module
+    docstring)."""
     kind, g_geom, a_geom = treatment
     g32 = ops.cast(gradient, mstype.float32)
     x = -ops.cast(direction, mstype.float32)
     y = ops.cast(previous, mstype.float32)
-    ridge = damping
-    h = g32
-    if decay:
-        ridge = damping + weight_decay
-        h = g32 + weight_decay * ops.cast(weight, mstype.float32)
     zero = ops.zeros((), mstype.float32)
-    cxx, cxy, cyy = zero, zero, zero
+    kxx, kxy, kyy = zero, zero, zero
     if kind == pc.MATRIX:
         x2 = ops.reshape(x, (x.shape[0], -1))
         y2 = ops.reshape(y, (y.shape[0], -1))
@@ -116,37 +161,65 @@ def _system_terms_tensor(damping, weight_decay, g_unscale, batch_size, treatment
         gy = pc.apply_left(g_f, y2, g_geom[0], g_geom[1], g_geom[2]) * g_unscale
         xa = pc.apply_right(x2, a_f, a_geom[0], a_geom[1], a_geom[2])
         ya = pc.apply_right(y2, a_f, a_geom[0], a_geom[1], a_geom[2])
-        cxx, cxy, cyy = ops.reduce_sum(gx * xa), ops.reduce_sum(gx * ya), ops.reduce_sum(gy * ya)
+        kxx, kxy, kyy = ops.reduce_sum(gx * xa), ops.reduce_sum(gx * ya), ops.reduce_sum(gy * ya)
     elif kind == pc.EMBEDDING:
         rows = ops.expand_dims(ops.cast(a_factor, mstype.float32), 1)
         g_f = ops.cast(g_factor, mstype.float32)
         xg = pc.apply_right(x, g_f, g_geom[0], g_geom[1], g_geom[2]) * g_unscale
         yg = pc.apply_right(y, g_f, g_geom[0], g_geom[1], g_geom[2]) * g_unscale
-        cxx, cxy, cyy = _dots(rows * xg, rows * yg, x, y)
+        kxx, kxy, kyy = _dots(rows * xg, rows * yg, x, y)
     elif kind == pc.LAYERNORM:
         diagonal = ops.square(g32) / batch_size
-        cxx, cxy, cyy = _dots(diagonal * x, diagonal * y, x, y)
+        kxx, kxy, kyy = _dots(diagonal * x, diagonal * y, x, y)
     nxx, nxy, nyy = _dots(x, y, x, y)
-    return ops.stack([cxx + ridge * nxx, cxy + ridge * nxy, cyy + ridge * nyy, ops.reduce_sum(h * x),
-                      ops.reduce_sum(h * y)])
+    h = g32
+    wxx, wxy, wyy = zero, zero, zero
+    if decay:
+        h = g32 + weight_decay * ops.cast(weight, mstype.float32)
+        wxx, wxy, wyy = nxx, nxy, nyy
+    return ops.stack([kxx, kxy, kyy, nxx, nxy, nyy, wxx, wxy, wyy, ops.reduce_sum(h * x), ops.reduce_sum(h * y),
+                      ops.reduce_sum(g32 * x), ops.reduce_sum(g32 * y)])
 
 
-@take_step.register("Tensor", "Tensor", "Tensor", "Tensor", "Tensor")
-def _take_step_tensor(alpha, beta, direction, weight, previous):
-    """``s = -alpha u + beta y``; ``w += s``; ``y <- s``."""
-    step = beta * ops.cast(previous, mstype.float32) - alpha * ops.cast(direction, mstype.float32)
-    done = ops.assign(previous, ops.cast(step, F.dtype(previous)))
-    return F.depend(True, F.depend(ops.assign_add(weight, ops.cast(step, F.dtype(weight))), done))
+@take_trial.register("Tensor", "Tensor", "Tensor", "Tensor", "Tensor", "Tensor")
+def _take_trial_tensor(a0, b0, direction, weight, previous, stored):
+    """``x = -u`` into ``stored``; ``w += a0 x + b0 y``."""
+    x = -ops.cast(direction, mstype.float32)
+    kept = ops.assign(stored, ops.cast(x, F.dtype(stored)))
+    step = a0 * x + b0 * ops.cast(previous, mstype.float32)
+    return F.depend(True, F.depend(ops.assign_add(weight, ops.cast(step, F.dtype(weight))), kept))
+
+
+@take_final.register("Tensor", "Tensor", "Tensor", "Tensor", "Tensor", "Tensor", "Tensor")
+def _take_final_tensor(a0, b0, alpha, beta, stored, weight, previous):
+    """``w += (alpha - a0) x + (beta - b0) y``; ``y <- alpha x + beta y``."""
+    x = ops.cast(stored, mstype.float32)
+    y = ops.cast(previous, mstype.float32)
+    correction = (alpha - a0) * x + (beta - b0) * y
+    moved = ops.assign_add(weight, ops.cast(correction, F.dtype(weight)))
+    step = ops.depend(alpha * x + beta * y, moved)
+    return F.depend(True, ops.assign(previous, ops.cast(step, F.dtype(previous))))
+
+
+def _quadratic(a, b, m00, m01, m11):
+    """``[a b] [[m00, m01], [m01, m11]] [a b]^T`` (``b = 0`` leaves the y terms out: a non-finite y entry does
+    not spoil a 1-D step)."""
+    moved = ops.not_equal(b, ops.zeros((), mstype.float32))
+    cross = 2.0 * a * b * m01 + b * b * m11
+    return a * a * m00 + ops.select(moved, cross, ops.zeros((), mstype.float32))
 
 
 def _model(alpha, beta, system):
-    """``m(alpha, beta)`` and the curvature norm ``k = [alpha beta] M [alpha beta]^T``; with ``beta = 0`` the
-    terms of y are left out (a non-finite M01, M11 or b1 does not spoil the 1-D step)."""
-    zero = ops.zeros((), mstype.float32)
-    moved = ops.not_equal(beta, zero)
-    cross = 2.0 * alpha * beta * system[1] + beta * beta * system[2]
-    k = alpha * alpha * system[0] + ops.select(moved, cross, zero)
-    return 0.5 * k + alpha * system[3] + ops.select(moved, beta * system[4], zero), k
+    """``m(alpha, beta)`` and the curvature norm ``k = [alpha beta] M [alpha beta]^T``."""
+    k = _quadratic(alpha, beta, system[0], system[1], system[2])
+    moved = ops.not_equal(beta, ops.zeros((), mstype.float32))
+    return 0.5 * k + alpha * system[3] + ops.select(moved, beta * system[4], ops.zeros((), mstype.float32)), k
+
+
+def model_system(terms, kappa, damping, weight_decay):
+    """``(M00, M01, M11, b0, b1)`` of ``M(kappa)`` (module docstring) from the 13 summed terms."""
+    m = kappa * (terms[0:3] + damping * terms[3:6]) + weight_decay * terms[6:9]
+    return ops.concat([m, terms[9:11]])
 
 
 def solve_coefficients(system, kl_clip=None):
@@ -177,18 +250,31 @@ def solve_coefficients(system, kl_clip=None):
     return alpha, beta
 
 
-class QuadraticStep(nn.Cell):
-    """The solve and the step of ``learning_rate="adaptive"`` (module docstring), built with the optimizer.
+def _scalar(value: float, name: str) -> Parameter:
+    return Parameter(Tensor(np.float32(value)), name=name, requires_grad=False)
 
-    ``step(weights, gradients, directions, previous, damping, thor_step, factor_loss_scale)`` -> success.
+
+class QuadraticStep(nn.Cell):
+    """The trial, the measurement and the final step of ``learning_rate="adaptive"`` (module docstring).
+
+    ``step(weights, gradients, directions, previous, damping, thor_step, factor_loss_scale)`` (the optimizer,
+    with the preconditioned gradients as ``directions``): the trial. :meth:`finish` (the training cell's probe,
+    with the step's loss and the loss at the trial point): the final step, and the adaptive damping's update.
+
     State (float32 Parameters of shape (), in checkpoints): ``step_size`` (``thor_step_size``: alpha of the
-    last step), ``momentum_coefficient`` (``thor_momentum_coefficient``: its beta), ``curvature_scale``
-    (``thor_step_curvature_loss_scale``: the loss scale the stored G carries).
+    last step), ``momentum_coefficient`` (``thor_momentum_coefficient``: its beta), ``calibration``
+    (``thor_curvature_calibration``: kappa), ``trial_step_size`` and ``trial_momentum_coefficient``
+    (``thor_trial_step_size``, ``thor_trial_momentum_coefficient``: a0 and b0), ``system`` (``thor_system``,
+    the 13 averaged terms of the last step), ``step_damping`` (``thor_step_damping``: its d),
+    ``curvature_scale`` (``thor_step_curvature_loss_scale``: the loss scale the stored G carries); and
+    ``trial_directions`` (``thor_direction.<name>``: x of the last step, one per parameter).
     """
 
     def __init__(self, config: ThorConfig, treatments: tuple, decay_flags: tuple, a_factors: Sequence,
-                 g_factors: Sequence, batch_size: float):
+                 g_factors: Sequence, batch_size: float, parameters, previous, damping_rule: nn.Cell,
+                 global_step: Parameter):
         super().__init__(auto_prefix=False)
+        self.bound = False  # set by probe.loss_probe_for: a training cell that runs the probe was built
         self.treatments = treatments
         self.decay_flags = decay_flags
         self.a_factors = tuple(a_factors)
@@ -197,37 +283,106 @@ class QuadraticStep(nn.Cell):
         self.weight_decay = Tensor(config.weight_decay, mstype.float32)
         self.kl_clip = None if config.kl_clip is None else Tensor(config.kl_clip, mstype.float32)
         self.hyper_map = ops.HyperMap()
-        self.step_size = Parameter(Tensor(np.float32(0.0)), name="thor_step_size", requires_grad=False)
-        self.momentum_coefficient = Parameter(Tensor(np.float32(0.0)), name="thor_momentum_coefficient",
-                                              requires_grad=False)
-        self.curvature_scale = Parameter(Tensor(np.float32(config.loss_scale)),
-                                         name="thor_step_curvature_loss_scale", requires_grad=False)
+        self.weights = parameters
+        self.previous = previous
+        self.trial_directions = parameters.clone(prefix="thor_direction", init="zeros")
+        self.step_size = _scalar(0.0, "thor_step_size")
+        self.momentum_coefficient = _scalar(0.0, "thor_momentum_coefficient")
+        self.trial_step_size = _scalar(0.0, "thor_trial_step_size")
+        self.trial_momentum_coefficient = _scalar(0.0, "thor_trial_momentum_coefficient")
+        self.calibration = _scalar(1.0, "thor_curvature_calibration")
+        self.step_damping = _scalar(0.0, "thor_step_damping")
+        self.system = Parameter(Tensor(np.zeros(13, np.float32)), name="thor_system", requires_grad=False)
+        self.curvature_scale = _scalar(config.loss_scale, "thor_step_curvature_loss_scale")
+        self.adaptive_damping = bool(config.adaptive_damping)
+        self.damping_rule = damping_rule
+        self.global_step = global_step
+        self.failed = Tensor(FAILED_RATIO, mstype.float32)
         self.ranks = int(config.ranks)
         if self.ranks > 1:
             self.allreduce = sum_allreduce()
             self.rank_mean = 1.0 / self.ranks
 
+    def bind(self) -> None:
+        """Mark the step as run by a training cell that runs the probe (``probe.py``)."""
+        self.bound = True
+
+    def _mean_over_ranks(self, values):
+        if self.ranks > 1:
+            return self.allreduce(values) * self.rank_mean
+        return values
+
     def construct(self, weights, gradients, directions, previous, damping, thor_step, factor_loss_scale):
+        """The trial: the system, ``(a0, b0)`` with the last calibration, ``w += a0 x + b0 y``."""
+        if not self.bound:
+            raise RuntimeError(UNBOUND_MESSAGE)
         scale = ops.select(thor_step, ops.reshape(factor_loss_scale, ()), self.curvature_scale * 1.0)
         scale = F.depend(scale, ops.assign(self.curvature_scale, scale))
         unscale = ops.reciprocal(ops.square(scale))
         d = ops.reshape(ops.cast(damping, mstype.float32), ())
-        terms = self.hyper_map(F.partial(system_terms, d, self.weight_decay, unscale, self.batch_size),
+        terms = self.hyper_map(F.partial(system_terms, self.weight_decay, unscale, self.batch_size),
                                self.treatments, self.decay_flags, gradients, directions, previous, weights,
                                self.a_factors, self.g_factors)
-        system = ops.reduce_sum(ops.stack(terms), 0)
-        if self.ranks > 1:
-            system = self.allreduce(system) * self.rank_mean
-        alpha, beta = solve_coefficients(system, self.kl_clip)
-        alpha = F.depend(alpha, ops.assign(self.step_size, alpha))
-        beta = F.depend(beta, ops.assign(self.momentum_coefficient, beta))
-        return self.hyper_map(F.partial(take_step, alpha, beta), directions, weights, previous)
+        system = self._mean_over_ranks(ops.reduce_sum(ops.stack(terms), 0))
+        a0, b0 = solve_coefficients(model_system(system, self.calibration * 1.0, d, self.weight_decay),
+                                    self.kl_clip)
+        done = ops.assign(self.system, system)
+        done = F.depend(done, ops.assign(self.step_damping, d))
+        done = F.depend(done, ops.assign(self.trial_step_size, a0))
+        done = F.depend(done, ops.assign(self.trial_momentum_coefficient, b0))
+        a0 = F.depend(a0, done)
+        return self.hyper_map(F.partial(take_trial, a0, F.depend(b0, done)), directions, weights, previous,
+                              self.trial_directions)
+
+    def finish(self, loss_before, loss_after):
+        """The measurement and the final step (module docstring), given the step's loss and the loss at the
+        trial point; on an adaptation step of ``damping="adaptive"`` also the damping's update. Returns
+        ``alpha``."""
+        losses = ops.stack([ops.reshape(ops.cast(loss_before, mstype.float32), ()),
+                            ops.reshape(ops.cast(loss_after, mstype.float32), ())])
+        losses = self._mean_over_ranks(losses)
+        system = self.system * 1.0
+        a0, b0 = self.trial_step_size * 1.0, self.trial_momentum_coefficient * 1.0
+        kappa, d = self.calibration * 1.0, self.step_damping * 1.0
+        linear = a0 * system[11] + ops.select(ops.not_equal(b0, 0.0 * b0), b0 * system[12], 0.0 * b0)
+        change = losses[1] - losses[0]
+        measured = 2.0 * (change - linear)
+        damped = _quadratic(a0, b0, system[0] + d * system[3], system[1] + d * system[4],
+                            system[2] + d * system[5])
+        measured_kappa = measured / ops.select(damped > 0, damped, ops.ones_like(damped))
+        floor = ops.maximum(MAX_FALL * kappa, KAPPA_MIN * ops.ones_like(kappa))
+        clipped_kappa = ops.minimum(ops.maximum(measured_kappa, floor), KAPPA_MAX * ops.ones_like(kappa))
+        finite = ops.logical_and(ops.isfinite(losses[1]), ops.isfinite(measured))
+        # a trial that raised the loss (or gave none) is not kept: no step, and a calibration at least
+        # FAILED_GROWTH times the last
+        rejected = ops.logical_or(ops.logical_not(finite), change > 0)
+        grown = ops.minimum(FAILED_GROWTH * kappa, KAPPA_MAX * ops.ones_like(kappa))
+        new_kappa = ops.select(damped > 0, clipped_kappa, kappa)
+        new_kappa = ops.select(rejected, ops.select(finite, ops.maximum(grown, new_kappa), grown), new_kappa)
+        alpha, beta = solve_coefficients(model_system(system, new_kappa, d, self.weight_decay), self.kl_clip)
+        zero = ops.zeros_like(alpha)
+        alpha, beta = ops.select(rejected, zero, alpha), ops.select(rejected, zero, beta)
+        done = ops.assign(self.calibration, new_kappa)
+        done = F.depend(done, ops.assign(self.step_size, alpha))
+        done = F.depend(done, ops.assign(self.momentum_coefficient, beta))
+        moved = self.hyper_map(F.partial(take_final, a0, b0, F.depend(alpha, done), beta), self.trial_directions,
+                               self.weights, self.previous)
+        alpha = F.depend(alpha, moved)
+        if self.adaptive_damping:
+            if self.damping_rule.due_after(self.global_step * 1):
+                ratio = 2.0 - measured_kappa
+                usable = ops.logical_and(ops.logical_and(finite, damped > 0), ops.isfinite(ratio))
+                ratio = ops.select(usable, ratio, self.failed)
+                predicted = linear + 0.5 * damped
+                alpha = F.depend(alpha, self.damping_rule.adapt_ratio(ratio, change, predicted))
+        return alpha
 
 
 class AdaptiveLrThorOptimizer(ThorOptimizer):
     """THOR with ``learning_rate="adaptive"`` (built by ``thor()`` for it): :class:`ThorOptimizer` whose
-    update is :class:`QuadraticStep`'s (``quadratic_step``); ``moments`` hold the previous update,
-    ``momentum`` is unused and ``get_lr()`` is 0 (``quadratic_step.step_size`` is the step size taken)."""
+    update is :class:`QuadraticStep`'s trial (``quadratic_step``), finished by the training cell's probe;
+    ``moments`` hold the previous update, ``momentum`` is unused and ``get_lr()`` is 0
+    (``quadratic_step.step_size`` is the step size taken)."""
 
     def __init__(self, net: nn.Cell, layers: Sequence, config: ThorConfig):
         super().__init__(net, layers, config)
@@ -236,18 +391,17 @@ class AdaptiveLrThorOptimizer(ThorOptimizer):
         self.quadratic_step = QuadraticStep(
             config, self.param_treatment, self.decay_flags,
             tuple(self.thor_cells[i].matrix_a_cov if i >= 0 else none for i in owners),
-            tuple(self.thor_cells[i].matrix_g_cov if i >= 0 else none for i in owners), self.batch_size_float)
-        self.update_is_moment = Tensor(-1.0, mstype.float32)  # quad_model's delta = -lr * moment = moment
+            tuple(self.thor_cells[i].matrix_g_cov if i >= 0 else none for i in owners), self.batch_size_float,
+            self._parameters, self.moments, self.damping_rule, self.global_step)
 
     def _update(self, params, gradients, lam, damping, step, thor_step):
-        """The directions (THOR's preconditioning, decay, clip; no KL scaling), the solved step, then the
-        damping rule's ``after_update`` on the step taken."""
+        """The directions (THOR's preconditioning, decay, clip; no KL scaling) and the trial step; the training
+        cell's probe finishes the step (``quadratic_step.finish``)."""
         directions = self._precondition(gradients, lam)
         if self.apply_weight_decay:
             directions = self.hyper_map(F.partial(apply_decay, self.weight_decay_tensor), self.decay_flags,
                                         params, directions)
         if self.enable_clip_grad:
             directions = self.hyper_map(clip_to_unit_norm, directions)
-        success = self.quadratic_step(params, gradients, directions, self.moments, damping, thor_step,
-                                      self.factor_loss_scale)
-        return self.damping_rule.after_update(success, step, gradients, self.update_is_moment, self.moments)
+        return self.quadratic_step(params, gradients, directions, self.moments, damping, thor_step,
+                                   self.factor_loss_scale)

@@ -1,12 +1,16 @@
 r"""The extra forward pass of ``damping="adaptive"``, run by the training cell after the optimizer.
 
-The Levenberg-Marquardt rule (``ms_optim._thor.adaptive``) needs ``L1``, the loss after an adaptation step's
-update on that step's batch. The optimizer sees only gradients, so the training cell computes it:
+``learning_rate="adaptive"`` (``ms_optim._thor.adaptive_lr``) needs the loss at its trial point on every
+step's batch, and the Levenberg-Marquardt rule of ``damping="adaptive"`` (``ms_optim._thor.adaptive``) needs
+``L1``, the loss after an adaptation step's update on that step's batch. The optimizer sees only gradients,
+so the training cell computes them:
 
 .. code-block:: text
 
     loss  <- network(*inputs);  grads <- ...;  optimizer(grads)             (the training cell's step)
-    if optimizer.global_step % adapt_every == 0:                           (the step was an adaptation step)
+    learning_rate="adaptive":                                              (the optimizer made the trial)
+        L_p <- network(*inputs);  optimizer.quadratic_step.finish(loss, L_p)
+    else, if optimizer.global_step % adapt_every == 0:                     (the step was an adaptation step)
         L1 <- network(*inputs)                                             (training mode, no gradient)
         optimizer.damping_rule.adapt(loss, L1)
 
@@ -29,14 +33,16 @@ __all__ = ["LossProbe", "loss_probe_for", "TrainOneStepCell"]
 
 
 class LossProbe(nn.Cell):
-    """After an adaptation step, the loss on the same inputs and the damping rule's update.
+    """The extra forward pass after the optimizer: the loss at ``learning_rate="adaptive"``'s trial point,
+    every step, and its final step (``ms_optim._thor.adaptive_lr``); else, after an adaptation step of
+    ``damping="adaptive"``, the loss on the same inputs and the damping rule's update.
 
     Args:
         network (Cell): the network with its loss (the training cell's ``network``).
-        optimizer (Cell): the THOR optimizer (its ``damping_rule`` and ``global_step``).
+        optimizer (Cell): the THOR optimizer (its ``quadratic_step`` or ``damping_rule``, its ``global_step``).
 
     Inputs: ``(loss, *inputs)``, the step's loss (ordered after the optimizer) and inputs. Output: ``loss``,
-    ordered after the damping update.
+    ordered after the step's finish or the damping update.
     """
 
     def __init__(self, network: nn.Cell, optimizer: nn.Cell):
@@ -44,8 +50,14 @@ class LossProbe(nn.Cell):
         self.network = network
         self.rule = optimizer.damping_rule
         self.global_step = optimizer.global_step
+        self.quadratic_step = getattr(optimizer, "quadratic_step", None)
+        self.trial = self.quadratic_step is not None
 
     def construct(self, loss, *inputs):
+        if self.trial:  # the trial point is in place: the forward reads the weights after the optimizer
+            first = F.depend(inputs[0], loss)
+            after = self.network(first, *inputs[1:])
+            return F.depend(loss, self.quadratic_step.finish(loss, after))
         if self.rule.due_after(ops.depend(self.global_step, loss)):
             after = self.network(*inputs)
             loss = F.depend(loss, self.rule.adapt(loss, after))
@@ -53,12 +65,17 @@ class LossProbe(nn.Cell):
 
 
 def loss_probe_for(network: nn.Cell, optimizer) -> Optional[LossProbe]:
-    """A :class:`LossProbe` when ``optimizer``'s damping rule needs the extra pass (the rule is then bound),
-    else None."""
+    """A :class:`LossProbe` when ``optimizer`` needs the extra pass (``learning_rate="adaptive"``, or a damping
+    rule that needs it; both are then bound), else None."""
     rule = getattr(optimizer, "damping_rule", None)
-    if rule is None or not getattr(rule, "needs_probe", False):
+    quadratic = getattr(optimizer, "quadratic_step", None)
+    needs_rule = rule is not None and getattr(rule, "needs_probe", False)
+    if quadratic is None and not needs_rule:
         return None
-    rule.bind()
+    if needs_rule:
+        rule.bind()
+    if quadratic is not None:
+        quadratic.bind()
     return LossProbe(network, optimizer)
 
 
