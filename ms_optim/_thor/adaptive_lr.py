@@ -33,8 +33,9 @@ weight_decay``, ``L0`` the step's loss:
     A_l, G_l: the layer's stored factors (diagonal blocks as stored, G divided by the square of the loss scale
     of the backward pass that collected them), as ``ms_optim._thor.quad_model``.
 
-    M(k) = k [[K(x,x), K(x,y)], [K(x,y), K(y,y)]] + d N + wd W,   b = [<h,x>, <h,y>],   e = [<g,x>, <g,y>]
-        (K, N, W, b, e averaged over the data-parallel ranks: every rank solves the same system)
+    M(k) = k ([[K(x,x), K(x,y)], [K(x,y), K(y,y)]] + d N) + wd W,   b = [<h,x>, <h,y>],   e = [<g,x>, <g,y>]
+        (N, W as 2x2 matrices alike; K, N, W, b, e averaged over the data-parallel ranks: every rank solves
+        the same system)
     solve(M, b): the minimiser of m(alpha, beta) = 1/2 [alpha beta] M [alpha beta]^T + b . [alpha beta]:
         2-D:  det = M00 M11 - M01^2;  (alpha, beta) = (M01 b1 - M11 b0, M01 b0 - M00 b1) / det
               when M00 > 0, M11 > 0, det > DEGENERATE * M00 M11, everything finite, and its m is not above
@@ -48,18 +49,20 @@ weight_decay``, ``L0`` the step's loss:
     probe:   L_p <- the loss on the same batch at the trial point      (the training cell's extra pass)
              (L0, L_p) averaged over the ranks
     measure: c   = 2 (L_p - L0 - (a0 e0 + b0 e1))        (the loss's curvature along p, measured)
-             k_p = [a0 b0] K [a0 b0]^T                   (the Kronecker curvature along p)
-             kappa' = c / k_p,  clipped to [max(kappa / 2, KAPPA_MIN), KAPPA_MAX]
-                                  when L_p is finite and k_p > 0 (c <= 0 gives kappa / 2)
-                      min(FAILED_GROWTH kappa, KAPPA_MAX)  when L_p or c is not finite
-                      kappa                                otherwise (no curvature along p)
-    final:   (alpha, beta) <- solve(M(kappa'), b);   s_j = alpha x_j + beta y_j
+             k_d = [a0 b0] (K + d N) [a0 b0]^T           (the damped Kronecker curvature along p)
+             m   = c / k_d                               (the measured calibration, where k_d > 0)
+             kappa' = clip(m, max(MAX_FALL kappa, KAPPA_MIN), KAPPA_MAX)   where k_d > 0, else kappa
+    reject:  when L_p > L0 or L_p, c are not finite (the trial raised the loss, or gave no number):
+             kappa' <- min(FAILED_GROWTH kappa, KAPPA_MAX), at least the kappa' above when c is finite
+    final:   (alpha, beta) <- solve(M(kappa'), b), or (0, 0) when rejected;   s_j = alpha x_j + beta y_j
              w_j <- w_j + (s_j - p_j)  (= the weights before the trial + s_j);   y_j <- s_j;   kappa <- kappa'
 
-``kappa`` starts at 1 (the Kronecker model as it is) and carries over between steps, so the trial is made
-with the last step's calibration; it can halve at most per step (the final step is at most about twice the
-trial, which was measured) and rise without limit up to ``KAPPA_MAX``. ``alpha`` plays the learning rate and
-``beta`` the momentum; both are recorded (``step_size``, ``momentum_coefficient``), as are ``kappa``
+``kappa`` starts at 1 (the damped Kronecker model as it is) and carries over between steps, so the trial is
+made with the last step's calibration. It falls at most by MAX_FALL a step (the final step is then at most
+about twice the trial, which was measured) and rises without limit up to ``KAPPA_MAX``: a step after a
+rejected trial tries one FAILED_GROWTH times shorter. Along p the final step is the minimiser of the measured
+quadratic (``kappa' k_d = c``): the line search of one trial. ``alpha`` plays the learning rate and ``beta``
+the momentum; both are recorded (``step_size``, ``momentum_coefficient``), as are ``kappa``
 (``calibration``) and the trial's ``(a0, b0)``.
 
 With ``damping="adaptive"`` the damping rule needs no pass of its own: on an adaptation step its reduction
@@ -67,12 +70,13 @@ ratio is the one the damped Kronecker model's own minimiser along p would get on
 
 .. code-block:: text
 
-    k_d = k_p + d [a0 b0] N [a0 b0]^T;    rho = 2 - c / k_d     (FAILED_RATIO when not finite or k_d <= 0)
+    rho = 2 - m        (FAILED_RATIO when L_p, c or m is not finite, or k_d <= 0)
 
 (along p the model is ``tau <e,(a0,b0)> + tau^2 k_d / 2``, the loss ``tau <e,(a0,b0)> + tau^2 c / 2``; at the
 model's minimiser their changes are in the ratio ``2 - c / k_d``). The rule then raises the damping where the
-Kronecker model misses curvature the batch shows (``c > 1.75 k_d``) and lowers it where the model holds
-(``c < 1.25 k_d``): the damping becomes the curvature THOR's factors lack, and ``kappa`` the step size.
+damped Kronecker model misses curvature the batch shows (``c > 1.75 k_d``) and lowers it where the model
+holds (``c < 1.25 k_d``). It records ``ratio``, ``loss_change = L_p - L0`` and ``predicted = <e,(a0,b0)> +
+k_d / 2`` (the damped model's change for the trial).
 
 What the other arguments become: ``momentum`` is validated as always and not used (the momentum coefficient
 is ``beta``); ``kl_clip`` is the trust region above instead of THOR's scaling of the preconditioned gradient

@@ -1,4 +1,4 @@
-r"""The extra forward pass of ``damping="adaptive"``, run by the training cell after the optimizer.
+r"""The extra forward pass of ``learning_rate="adaptive"`` and ``damping="adaptive"``, run by the training cell.
 
 ``learning_rate="adaptive"`` (``ms_optim._thor.adaptive_lr``) needs the loss at its trial point on every
 step's batch, and the Levenberg-Marquardt rule of ``damping="adaptive"`` (``ms_optim._thor.adaptive``) needs
