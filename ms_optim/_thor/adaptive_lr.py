@@ -102,18 +102,16 @@ from mindspore import Parameter, Tensor, nn, ops
 from mindspore.ops import composite as C
 from mindspore.ops import functional as F
 
-from ms_optim._thor import preconditioner as pc
 from ms_optim._thor.adaptive import FAILED_RATIO
 from ms_optim._thor.config import ThorConfig
 from ms_optim._thor.optimizer import ThorOptimizer
 from ms_optim._thor.parallel import sum_allreduce
+from ms_optim._thor.quad_model import DEGENERATE, model_system, quadratic, solve_coefficients, system_terms
 from ms_optim._thor.update import apply_decay, clip_to_unit_norm
 
-__all__ = ["AdaptiveLrThorOptimizer", "QuadraticStep", "DEGENERATE", "KAPPA_MIN", "KAPPA_MAX", "FAILED_GROWTH",
-           "system_terms", "solve_coefficients", "model_system", "UNBOUND_MESSAGE"]
+__all__ = ["AdaptiveLrThorOptimizer", "QuadraticStep", "DEGENERATE", "KAPPA_MIN", "KAPPA_MAX", "MAX_FALL",
+           "FAILED_GROWTH", "solve_coefficients", "UNBOUND_MESSAGE"]
 
-#: the 2x2 system counts as singular when det <= DEGENERATE * M00 * M11 (the directions nearly parallel)
-DEGENERATE = 1e-5
 #: the calibration's range
 KAPPA_MIN = 1e-4
 KAPPA_MAX = 1e8
@@ -128,61 +126,12 @@ UNBOUND_MESSAGE = ("For 'thor', learning_rate='adaptive' measures the loss at a 
                    "(ms_optim.train_thor.ConvertModelUtils.convert_to_thor_model), not with MindSpore's own "
                    "TrainOneStepCell or Model, which never run that forward pass.")
 
-#: ``hyper_map(F.partial(system_terms, wd, u, batch_size), treatments, decay_flags, gradients, directions,
-#: previous, weights, a_factors, g_factors)``: each parameter's share of the 13 numbers ``(K, N, W, b, e)``
-system_terms = C.MultitypeFuncGraph("thor_system_terms")
 #: ``hyper_map(F.partial(take_trial, a0, b0), directions, weights, previous, stored)``: ``x = -u`` stored,
 #: ``w += a0 x + b0 y``
 take_trial = C.MultitypeFuncGraph("thor_take_trial")
 #: ``hyper_map(F.partial(take_final, a0, b0, alpha, beta), stored, weights, previous)``:
 #: ``w += (alpha - a0) x + (beta - b0) y``; ``y <- alpha x + beta y``
 take_final = C.MultitypeFuncGraph("thor_take_final")
-
-
-def _dots(ca, cb, a, b):
-    """``(<ca, a>, <ca, b>, <cb, b>)``: a bilinear form from its two half-products."""
-    return ops.reduce_sum(ca * a), ops.reduce_sum(ca * b), ops.reduce_sum(cb * b)
-
-
-@system_terms.register("Tensor", "Tensor", "Number", "Tuple", "Bool", "Tensor", "Tensor", "Tensor", "Tensor",
-                       "Tensor", "Tensor")
-def _system_terms_tensor(weight_decay, g_unscale, batch_size, treatment, decay, gradient, direction, previous,
-                         weight, a_factor, g_factor):
-    """One parameter's ``(K(x,x), K(x,y), K(y,y), N.., W.., <h,x>, <h,y>, <g,x>, <g,y>)``, float32 (module
-    docstring)."""
-    kind, g_geom, a_geom = treatment
-    g32 = ops.cast(gradient, mstype.float32)
-    x = -ops.cast(direction, mstype.float32)
-    y = ops.cast(previous, mstype.float32)
-    zero = ops.zeros((), mstype.float32)
-    kxx, kxy, kyy = zero, zero, zero
-    if kind == pc.MATRIX:
-        x2 = ops.reshape(x, (x.shape[0], -1))
-        y2 = ops.reshape(y, (y.shape[0], -1))
-        g_f = ops.cast(g_factor, mstype.float32)
-        a_f = ops.cast(a_factor, mstype.float32)
-        gx = pc.apply_left(g_f, x2, g_geom[0], g_geom[1], g_geom[2]) * g_unscale
-        gy = pc.apply_left(g_f, y2, g_geom[0], g_geom[1], g_geom[2]) * g_unscale
-        xa = pc.apply_right(x2, a_f, a_geom[0], a_geom[1], a_geom[2])
-        ya = pc.apply_right(y2, a_f, a_geom[0], a_geom[1], a_geom[2])
-        kxx, kxy, kyy = ops.reduce_sum(gx * xa), ops.reduce_sum(gx * ya), ops.reduce_sum(gy * ya)
-    elif kind == pc.EMBEDDING:
-        rows = ops.expand_dims(ops.cast(a_factor, mstype.float32), 1)
-        g_f = ops.cast(g_factor, mstype.float32)
-        xg = pc.apply_right(x, g_f, g_geom[0], g_geom[1], g_geom[2]) * g_unscale
-        yg = pc.apply_right(y, g_f, g_geom[0], g_geom[1], g_geom[2]) * g_unscale
-        kxx, kxy, kyy = _dots(rows * xg, rows * yg, x, y)
-    elif kind == pc.LAYERNORM:
-        diagonal = ops.square(g32) / batch_size
-        kxx, kxy, kyy = _dots(diagonal * x, diagonal * y, x, y)
-    nxx, nxy, nyy = _dots(x, y, x, y)
-    h = g32
-    wxx, wxy, wyy = zero, zero, zero
-    if decay:
-        h = g32 + weight_decay * ops.cast(weight, mstype.float32)
-        wxx, wxy, wyy = nxx, nxy, nyy
-    return ops.stack([kxx, kxy, kyy, nxx, nxy, nyy, wxx, wxy, wyy, ops.reduce_sum(h * x), ops.reduce_sum(h * y),
-                      ops.reduce_sum(g32 * x), ops.reduce_sum(g32 * y)])
 
 
 @take_trial.register("Tensor", "Tensor", "Tensor", "Tensor", "Tensor", "Tensor")
@@ -205,55 +154,6 @@ def _take_final_tensor(a0, b0, alpha, beta, stored, weight, previous):
     return F.depend(True, ops.assign(previous, ops.cast(step, F.dtype(previous))))
 
 
-def _quadratic(a, b, m00, m01, m11):
-    """``[a b] [[m00, m01], [m01, m11]] [a b]^T`` (``b = 0`` leaves the y terms out: a non-finite y entry does
-    not spoil a 1-D step)."""
-    moved = ops.not_equal(b, ops.zeros((), mstype.float32))
-    cross = 2.0 * a * b * m01 + b * b * m11
-    return a * a * m00 + ops.select(moved, cross, ops.zeros((), mstype.float32))
-
-
-def _model(alpha, beta, system):
-    """``m(alpha, beta)`` and the curvature norm ``k = [alpha beta] M [alpha beta]^T``."""
-    k = _quadratic(alpha, beta, system[0], system[1], system[2])
-    moved = ops.not_equal(beta, ops.zeros((), mstype.float32))
-    return 0.5 * k + alpha * system[3] + ops.select(moved, beta * system[4], ops.zeros((), mstype.float32)), k
-
-
-def model_system(terms, kappa, damping, weight_decay):
-    """``(M00, M01, M11, b0, b1)`` of ``M(kappa)`` (module docstring) from the 13 summed terms."""
-    m = kappa * (terms[0:3] + damping * terms[3:6]) + weight_decay * terms[6:9]
-    return ops.concat([m, terms[9:11]])
-
-
-def solve_coefficients(system, kl_clip=None):
-    """``(alpha, beta)`` from ``system = (M00, M01, M11, b0, b1)`` (float32 vector): the 2-D minimiser, the
-    1-D fallback or zero, then the ``kl_clip`` trust region (module docstring); always finite."""
-    m00, m01, m11, b0, b1 = system[0], system[1], system[2], system[3], system[4]
-    zero = ops.zeros((), mstype.float32)
-    one = ops.ones((), mstype.float32)
-    safe00 = ops.select(m00 > 0, m00, one)
-    alpha1 = -b0 / safe00
-    q1, _ = _model(alpha1, zero, system)
-    ok1 = ops.logical_and(m00 > 0, ops.logical_and(ops.isfinite(alpha1), ops.isfinite(q1)))
-    det = m00 * m11 - m01 * m01
-    regular = ops.logical_and(ops.logical_and(m00 > 0, m11 > 0), det > DEGENERATE * m00 * m11)
-    safe_det = ops.select(regular, det, one)
-    alpha2 = (m01 * b1 - m11 * b0) / safe_det
-    beta2 = (m01 * b0 - m00 * b1) / safe_det
-    q2, _ = _model(alpha2, beta2, system)
-    finite2 = ops.logical_and(ops.logical_and(ops.isfinite(alpha2), ops.isfinite(beta2)), ops.isfinite(q2))
-    ok2 = ops.logical_and(ops.logical_and(regular, finite2), ops.logical_or(q2 <= q1, ops.logical_not(ok1)))
-    alpha = ops.select(ok2, alpha2, ops.select(ok1, alpha1, zero))
-    beta = ops.select(ok2, beta2, zero)
-    if kl_clip is not None:
-        _, k = _model(alpha, beta, system)
-        usable = ops.logical_and(ops.isfinite(k), k > 0)
-        nu = ops.select(usable, ops.minimum(one, ops.sqrt(kl_clip / ops.select(usable, k, one))), one)
-        alpha, beta = alpha * nu, beta * nu
-    return alpha, beta
-
-
 def _scalar(value: float, name: str) -> Parameter:
     return Parameter(Tensor(np.float32(value)), name=name, requires_grad=False)
 
@@ -261,9 +161,10 @@ def _scalar(value: float, name: str) -> Parameter:
 class QuadraticStep(nn.Cell):
     """The trial, the measurement and the final step of ``learning_rate="adaptive"`` (module docstring).
 
-    ``step(weights, gradients, directions, previous, damping, thor_step, factor_loss_scale)`` (the optimizer,
-    with the preconditioned gradients as ``directions``): the trial. :meth:`finish` (the training cell's probe,
-    with the step's loss and the loss at the trial point): the final step, and the adaptive damping's update.
+    ``step(weights, gradients, directions, previous, damping, thor_step, factor_loss_scale)`` (the
+    optimizer, with the preconditioned gradients as ``directions``): the trial. :meth:`finish` (the training
+    cell's probe, with the step's loss and the loss at the trial point): the final step, and the adaptive
+    damping's update.
 
     State (float32 Parameters of shape (), in checkpoints): ``step_size`` (``thor_step_size``: alpha of the
     last step), ``momentum_coefficient`` (``thor_momentum_coefficient``: its beta), ``calibration``
@@ -351,7 +252,7 @@ class QuadraticStep(nn.Cell):
         linear = a0 * system[11] + ops.select(ops.not_equal(b0, 0.0 * b0), b0 * system[12], 0.0 * b0)
         change = losses[1] - losses[0]
         measured = 2.0 * (change - linear)
-        damped = _quadratic(a0, b0, system[0] + d * system[3], system[1] + d * system[4],
+        damped = quadratic(a0, b0, system[0] + d * system[3], system[1] + d * system[4],
                             system[2] + d * system[5])
         measured_kappa = measured / ops.select(damped > 0, damped, ops.ones_like(damped))
         floor = ops.maximum(MAX_FALL * kappa, KAPPA_MIN * ops.ones_like(kappa))
@@ -369,8 +270,8 @@ class QuadraticStep(nn.Cell):
         done = ops.assign(self.calibration, new_kappa)
         done = F.depend(done, ops.assign(self.step_size, alpha))
         done = F.depend(done, ops.assign(self.momentum_coefficient, beta))
-        moved = self.hyper_map(F.partial(take_final, a0, b0, F.depend(alpha, done), beta), self.trial_directions,
-                               self.weights, self.previous)
+        moved = self.hyper_map(F.partial(take_final, a0, b0, F.depend(alpha, done), beta),
+                               self.trial_directions, self.weights, self.previous)
         alpha = F.depend(alpha, moved)
         if self.adaptive_damping:
             if self.damping_rule.due_after(self.global_step * 1):
@@ -399,8 +300,8 @@ class AdaptiveLrThorOptimizer(ThorOptimizer):
             self._parameters, self.moments, self.damping_rule, self.global_step)
 
     def _update(self, params, gradients, lam, damping, step, thor_step):
-        """The directions (THOR's preconditioning, decay, clip; no KL scaling) and the trial step; the training
-        cell's probe finishes the step (``quadratic_step.finish``)."""
+        """The directions (THOR's preconditioning, decay, clip; no KL scaling) and the trial step; the
+        training cell's probe finishes the step (``quadratic_step.finish``)."""
         directions = self._precondition(gradients, lam)
         if self.apply_weight_decay:
             directions = self.hyper_map(F.partial(apply_decay, self.weight_decay_tensor), self.decay_flags,

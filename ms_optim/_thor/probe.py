@@ -1,4 +1,5 @@
-r"""The extra forward pass of ``learning_rate="adaptive"`` and ``damping="adaptive"``, run by the training cell.
+r"""The extra forward pass of ``learning_rate="adaptive"`` and ``damping="adaptive"``, run by the training
+cell.
 
 ``learning_rate="adaptive"`` (``ms_optim._thor.adaptive_lr``) needs the loss at its trial point on every
 step's batch, and the Levenberg-Marquardt rule of ``damping="adaptive"`` (``ms_optim._thor.adaptive``) needs
@@ -39,7 +40,8 @@ class LossProbe(nn.Cell):
 
     Args:
         network (Cell): the network with its loss (the training cell's ``network``).
-        optimizer (Cell): the THOR optimizer (its ``quadratic_step`` or ``damping_rule``, its ``global_step``).
+        optimizer (Cell): the THOR optimizer (its ``quadratic_step`` or ``damping_rule``, and its
+            ``global_step``).
 
     Inputs: ``(loss, *inputs)``, the step's loss (ordered after the optimizer) and inputs. Output: ``loss``,
     ordered after the step's finish or the damping update.
@@ -65,8 +67,8 @@ class LossProbe(nn.Cell):
 
 
 def loss_probe_for(network: nn.Cell, optimizer) -> Optional[LossProbe]:
-    """A :class:`LossProbe` when ``optimizer`` needs the extra pass (``learning_rate="adaptive"``, or a damping
-    rule that needs it; both are then bound), else None."""
+    """A :class:`LossProbe` when ``optimizer`` needs the extra pass (``learning_rate="adaptive"``, or a
+    damping rule that needs it; both are then bound), else None."""
     rule = getattr(optimizer, "damping_rule", None)
     quadratic = getattr(optimizer, "quadratic_step", None)
     needs_rule = rule is not None and getattr(rule, "needs_probe", False)

@@ -26,6 +26,10 @@ backward-like pass through the net is needed; the ratio then measures how well T
 predicts the step, which is what the damping of that curvature should follow. Under the ``"gpu"`` and
 ``"ascend"`` conventions the factors are those conventions' (their normalisation is the curvature THOR
 inverts there; MindSpore's post-processing of the inverses, ``device_rules``, is not modelled).
+
+The same curvature, as a bilinear form over two directions, builds the 2x2 system of
+``learning_rate="adaptive"`` (:data:`system_terms`, :func:`model_system`, :func:`solve_coefficients`; the
+formulas are in ``ms_optim._thor.adaptive_lr``), which calibrates it on the batch.
 """
 from __future__ import annotations
 
@@ -35,7 +39,11 @@ from mindspore.ops import composite as C
 
 from ms_optim._thor import preconditioner as pc
 
-__all__ = ["model_term", "predicted_change"]
+__all__ = ["model_term", "predicted_change", "system_terms", "model_system", "solve_coefficients",
+           "quadratic", "DEGENERATE"]
+
+#: the 2x2 system counts as singular when det <= DEGENERATE * M00 * M11 (the directions nearly parallel)
+DEGENERATE = 1e-5
 
 #: ``hyper_map(F.partial(model_term, lr, u, batch_size), treatments, gradients, moments, a_factors,
 #: g_factors)``: ``<g, delta> + c(delta) / 2`` of each parameter (``u = 1 / loss_scale**2`` of the stored G)
@@ -66,3 +74,104 @@ def _model_term_tensor(lr, g_unscale, batch_size, treatment, gradient, moment, a
 def predicted_change(terms) -> object:
     """``q``: the sum of the per-parameter terms of :data:`model_term` (a float32 scalar)."""
     return ops.reduce_sum(ops.stack(terms))
+
+
+# ----------------------------------------------------------------- learning_rate="adaptive"'s 2x2 system
+#: ``hyper_map(F.partial(system_terms, wd, u, batch_size), treatments, decay_flags, gradients, directions,
+#: previous, weights, a_factors, g_factors)``: each parameter's share of the 13 numbers ``(K, N, W, b, e)``
+system_terms = C.MultitypeFuncGraph("thor_system_terms")
+
+
+def _dots(ca, cb, a, b):
+    """``(<ca, a>, <ca, b>, <cb, b>)``: a bilinear form from its two half-products."""
+    return ops.reduce_sum(ca * a), ops.reduce_sum(ca * b), ops.reduce_sum(cb * b)
+
+
+@system_terms.register("Tensor", "Tensor", "Number", "Tuple", "Bool", "Tensor", "Tensor", "Tensor", "Tensor",
+                       "Tensor", "Tensor")
+def _system_terms_tensor(weight_decay, g_unscale, batch_size, treatment, decay, gradient, direction, previous,
+                         weight, a_factor, g_factor):
+    """One parameter's ``(K(x,x), K(x,y), K(y,y), N.., W.., <h,x>, <h,y>, <g,x>, <g,y>)``, float32 (module
+    docstring)."""
+    kind, g_geom, a_geom = treatment
+    g32 = ops.cast(gradient, mstype.float32)
+    x = -ops.cast(direction, mstype.float32)
+    y = ops.cast(previous, mstype.float32)
+    zero = ops.zeros((), mstype.float32)
+    kxx, kxy, kyy = zero, zero, zero
+    if kind == pc.MATRIX:
+        x2 = ops.reshape(x, (x.shape[0], -1))
+        y2 = ops.reshape(y, (y.shape[0], -1))
+        g_f = ops.cast(g_factor, mstype.float32)
+        a_f = ops.cast(a_factor, mstype.float32)
+        gx = pc.apply_left(g_f, x2, g_geom[0], g_geom[1], g_geom[2]) * g_unscale
+        gy = pc.apply_left(g_f, y2, g_geom[0], g_geom[1], g_geom[2]) * g_unscale
+        xa = pc.apply_right(x2, a_f, a_geom[0], a_geom[1], a_geom[2])
+        ya = pc.apply_right(y2, a_f, a_geom[0], a_geom[1], a_geom[2])
+        kxx, kxy, kyy = ops.reduce_sum(gx * xa), ops.reduce_sum(gx * ya), ops.reduce_sum(gy * ya)
+    elif kind == pc.EMBEDDING:
+        rows = ops.expand_dims(ops.cast(a_factor, mstype.float32), 1)
+        g_f = ops.cast(g_factor, mstype.float32)
+        xg = pc.apply_right(x, g_f, g_geom[0], g_geom[1], g_geom[2]) * g_unscale
+        yg = pc.apply_right(y, g_f, g_geom[0], g_geom[1], g_geom[2]) * g_unscale
+        kxx, kxy, kyy = _dots(rows * xg, rows * yg, x, y)
+    elif kind == pc.LAYERNORM:
+        diagonal = ops.square(g32) / batch_size
+        kxx, kxy, kyy = _dots(diagonal * x, diagonal * y, x, y)
+    nxx, nxy, nyy = _dots(x, y, x, y)
+    h = g32
+    wxx, wxy, wyy = zero, zero, zero
+    if decay:
+        h = g32 + weight_decay * ops.cast(weight, mstype.float32)
+        wxx, wxy, wyy = nxx, nxy, nyy
+    return ops.stack([kxx, kxy, kyy, nxx, nxy, nyy, wxx, wxy, wyy, ops.reduce_sum(h * x),
+                      ops.reduce_sum(h * y), ops.reduce_sum(g32 * x), ops.reduce_sum(g32 * y)])
+
+
+def quadratic(a, b, m00, m01, m11):
+    """``[a b] [[m00, m01], [m01, m11]] [a b]^T`` (``b = 0`` leaves the y terms out: a non-finite y entry does
+    not spoil a 1-D step)."""
+    moved = ops.not_equal(b, ops.zeros((), mstype.float32))
+    cross = 2.0 * a * b * m01 + b * b * m11
+    return a * a * m00 + ops.select(moved, cross, ops.zeros((), mstype.float32))
+
+
+def _model(alpha, beta, system):
+    """``m(alpha, beta)`` and the curvature norm ``k = [alpha beta] M [alpha beta]^T``."""
+    k = quadratic(alpha, beta, system[0], system[1], system[2])
+    moved = ops.not_equal(beta, ops.zeros((), mstype.float32))
+    return 0.5 * k + alpha * system[3] + ops.select(moved, beta * system[4], ops.zeros((), mstype.float32)), k
+
+
+def model_system(terms, kappa, damping, weight_decay):
+    """``(M00, M01, M11, b0, b1)`` of ``M(kappa)`` (module docstring) from the 13 summed terms."""
+    m = kappa * (terms[0:3] + damping * terms[3:6]) + weight_decay * terms[6:9]
+    return ops.concat([m, terms[9:11]])
+
+
+def solve_coefficients(system, kl_clip=None):
+    """``(alpha, beta)`` from ``system = (M00, M01, M11, b0, b1)`` (float32 vector): the 2-D minimiser, the
+    1-D fallback or zero, then the ``kl_clip`` trust region (module docstring); always finite."""
+    m00, m01, m11, b0, b1 = system[0], system[1], system[2], system[3], system[4]
+    zero = ops.zeros((), mstype.float32)
+    one = ops.ones((), mstype.float32)
+    safe00 = ops.select(m00 > 0, m00, one)
+    alpha1 = -b0 / safe00
+    q1, _ = _model(alpha1, zero, system)
+    ok1 = ops.logical_and(m00 > 0, ops.logical_and(ops.isfinite(alpha1), ops.isfinite(q1)))
+    det = m00 * m11 - m01 * m01
+    regular = ops.logical_and(ops.logical_and(m00 > 0, m11 > 0), det > DEGENERATE * m00 * m11)
+    safe_det = ops.select(regular, det, one)
+    alpha2 = (m01 * b1 - m11 * b0) / safe_det
+    beta2 = (m01 * b0 - m00 * b1) / safe_det
+    q2, _ = _model(alpha2, beta2, system)
+    finite2 = ops.logical_and(ops.logical_and(ops.isfinite(alpha2), ops.isfinite(beta2)), ops.isfinite(q2))
+    ok2 = ops.logical_and(ops.logical_and(regular, finite2), ops.logical_or(q2 <= q1, ops.logical_not(ok1)))
+    alpha = ops.select(ok2, alpha2, ops.select(ok1, alpha1, zero))
+    beta = ops.select(ok2, beta2, zero)
+    if kl_clip is not None:
+        _, k = _model(alpha, beta, system)
+        usable = ops.logical_and(ops.isfinite(k), k > 0)
+        nu = ops.select(usable, ops.minimum(one, ops.sqrt(kl_clip / ops.select(usable, k, one))), one)
+        alpha, beta = alpha * nu, beta * nu
+    return alpha, beta
