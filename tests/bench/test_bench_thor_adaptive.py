@@ -26,7 +26,8 @@ def test_bench_thor_adaptive_quick_lenet(tmp_path):
     assert [row["kind"] for row in result["table"]] == kinds
     goals = {"never_nan", "within_1_point_every_task", "beats_momentum_time_2_of_3"}
     assert set(result["goals"]["met"]) == goals
-    assert result["targets"] == {"lenet": 0.9} and result["settings"]["adaptive"] == ["damping"]
+    assert result["goals"]["step_cost_vs_thor"]["lenet"] > 0  # the adaptive step's cost, measured
+    assert result["targets"] == {"lenet": 0.9} and result["settings"]["adaptive"] == ["damping", "lr"]
     for r in result["runs"]:
         assert r["nan"] or 0.0 <= r["final"] <= 1.0
     assert (tmp_path / "adaptive.png").stat().st_size > 0
