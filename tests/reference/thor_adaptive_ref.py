@@ -236,7 +236,7 @@ class AdaptiveLrMixin:
                     dot = float(np.sum(pair[i] * pair[j]))
                     k[i, j] += self.curvature(pname, pair[i], pair[j], grads[pname])
                     n[i, j] += dot
-                    w_m[i, j] += dot if decay else 0.0
+                    w_m[i, j] += dot if self.decay_filter(pname) else 0.0  # (times wd in M: 0 without decay)
         return dict(K=k, N=n, W=w_m, b=b, e=e, d=damping), xs, ys
 
     def model_matrix(self, system: dict, kappa: float) -> Array:

@@ -14,6 +14,7 @@ from mindspore.amp import DynamicLossScaleManager
 from reference.thor_adaptive_ref import AdaptiveLrDampingReference, AdaptiveLrThorReference
 from reference.thor_adaptive_ref import solve_coefficients as solve_ref
 from reference.thor_ref import EmbedRef, MLPRef
+from support import adaptive_lr_checks as checks
 from support.nets import MLP, EmbedNet, labelled_batches
 from support.params import param_values
 from support.thor_runs import ATOL, RTOL, compare, init_params, mlp_batches, train_cell
@@ -66,35 +67,6 @@ def _train_cell(net, opt):
     return ms_nn.TrainOneStepCell(_loss_net(net), opt).set_train()
 
 
-def _pair_close(got, want, what):
-    # as a vector, to RTOL of its size: near convergence one coefficient can be a small difference of float32
-    # products (the 2x2 solve's cancellation), e.g. alpha = -0.039 beside beta = 0.9
-    np.testing.assert_allclose(got, want, rtol=RTOL, atol=RTOL * max(abs(v) for v in want), err_msg=what)
-
-
-def _value(parameter):
-    return float(parameter.asnumpy())
-
-
-def _check(net, opt, ref, step, loss):
-    """The loss, the trial's and the final (alpha, beta), kappa and every parameter after ``step``."""
-    np.testing.assert_allclose(float(loss.asnumpy()), ref.losses[-1], rtol=RTOL, err_msg=f"loss at step {step}")
-    rule = opt.quadratic_step
-    _pair_close([_value(rule.trial_step_size), _value(rule.trial_momentum_coefficient)], list(ref.trials[-1]),
-                f"trial (a0, b0) of step {step}")
-    _pair_close([_value(rule.step_size), _value(rule.momentum_coefficient)], [ref.alphas[-1], ref.betas[-1]],
-                f"(alpha, beta) of step {step}")
-    np.testing.assert_allclose(_value(rule.calibration), ref.kappas[-1], rtol=RTOL, err_msg=f"kappa after {step}")
-    compare(net, ref, step)
-
-
-def _measured_kappa_checked(ref):
-    """Some step kept its trial with kappa' = m (the measurement itself, neither floor nor cap): the comparison of
-    kappa with the oracle then compared the measured calibration (m != 1: the model was really recalibrated)."""
-    measured = [t for t, (k, m) in enumerate(zip(ref.kappas, ref.measured)) if not ref.rejected[t] and k == m]
-    assert measured and any(abs(ref.kappas[t] - 1.0) > 0.05 for t in measured), (ref.kappas, ref.measured)
-
-
 def _exercised(ref):
     """Step 0 took the 1-D step (no previous update), later steps the 2-D one, and the loss went down."""
     assert ref.betas[0] == 0.0 and any(abs(b) > 1e-3 for b in ref.betas[1:]), ref.betas
@@ -117,12 +89,19 @@ def test_adaptive_lr_with_damping_schedule_matches_reference(mode, rng, case):
     for step in range(STEPS):
         loss = cell(Tensor(x), Tensor(y))
         ref.step(x, y)
-        _check(net, opt, ref, step, loss)
+        checks.check_step(net, opt, ref, step, loss)
     _exercised(ref)
-    _measured_kappa_checked(ref)
-    if case == "mlp_kl_clip":  # the trust region was active on some trial
+    checks.measured_kappa_checked(ref)
+    if case == "mlp_kl_clip":  # the trust region was active on some trial, and on some final step
         unclipped = [np.array(solve_ref(s["M"], s["b"])) for s in ref.systems]
         assert any(float(w @ s["M"] @ w) > 0.05 * 1.01 for w, s in zip(unclipped, ref.systems)), unclipped
+        finals = [ref.model_matrix(s, k) for s, k in zip(ref.systems, ref.kappas)]
+        unclipped = [np.array(solve_ref(m, s["b"])) for m, s in zip(finals, ref.systems)]
+        clipped = [t for t, (w, m) in enumerate(zip(unclipped, finals)) if float(w @ m @ w) > 0.05 * 1.01]
+        assert clipped and not any(ref.rejected), unclipped
+        for t in clipped:  # the final step on the boundary of the trust region of M(kappa')
+            w = np.array([ref.alphas[t], ref.betas[t]])
+            assert float(w @ finals[t] @ w) == pytest.approx(0.05, rel=1e-9)
     if case == "mlp_clip_grad_full":
         assert opt.inverse == "full"
 
@@ -144,13 +123,14 @@ def _check_damping(opt, ref, step):
     """The damping after ``step``; on an adaptation step the rule's record: the trial's ratio 2 - m, L_p - L0 and
     the damped model's change for the trial."""
     rule = opt.damping_rule
-    np.testing.assert_allclose(_value(rule.value), ref.dampings[-1], rtol=1e-5, err_msg=f"damping after step {step}")
+    np.testing.assert_allclose(checks.value(rule.value), ref.dampings[-1], rtol=1e-5,
+                               err_msg=f"damping after step {step}")
     if ref.ratios and ref.ratios[-1][0] == step:
-        np.testing.assert_allclose(_value(rule.predicted), ref.predicted[-1][1], rtol=RTOL,
+        np.testing.assert_allclose(checks.value(rule.predicted), ref.predicted[-1][1], rtol=RTOL,
                                    err_msg=f"predicted change of step {step}")
-        np.testing.assert_allclose(_value(rule.loss_change), ref.changes[-1][1], rtol=RTOL, atol=ATOL,
+        np.testing.assert_allclose(checks.value(rule.loss_change), ref.changes[-1][1], rtol=RTOL, atol=ATOL,
                                    err_msg=f"L_p - L0 of step {step}")
-        np.testing.assert_allclose(_value(rule.ratio), ref.ratios[-1][1], rtol=RTOL, atol=RTOL,
+        np.testing.assert_allclose(checks.value(rule.ratio), ref.ratios[-1][1], rtol=RTOL, atol=RTOL,
                                    err_msg=f"ratio of step {step}")
 
 
@@ -162,10 +142,10 @@ def test_adaptive_lr_with_adaptive_damping_matches_reference(mode, rng):
     for step in range(STEPS):
         loss = cell(Tensor(x), Tensor(y))
         ref.step(x, y)
-        _check(net, opt, ref, step, loss)
+        checks.check_step(net, opt, ref, step, loss)
         _check_damping(opt, ref, step)
     _exercised(ref)
-    _measured_kappa_checked(ref)
+    checks.measured_kappa_checked(ref)
     assert len(set(ref.dampings)) > 1, ref.dampings  # the damping moved
     assert [t for t, _ in ref.ratios] == list(range(1, STEPS, 2))  # the adaptation steps
 
@@ -182,17 +162,17 @@ def test_adaptive_damping_ratio_is_the_trials_and_rises_on_missed_curvature(mode
     for step in range(STEPS):
         loss = cell(Tensor(x), Tensor(y))
         ref.step(x, y)
-        _check(net, opt, ref, step, loss)
+        checks.check_step(net, opt, ref, step, loss)
         _check_damping(opt, ref, step)
         m = ref.measured[-1]
         assert ref.ratios[-1] == (step, 2.0 - m)  # every measurement here was usable
-        np.testing.assert_allclose(_value(rule.ratio), 2.0 - m, rtol=RTOL, atol=RTOL, err_msg=f"2 - m of {step}")
-        taken_with = _value(opt.quadratic_step.step_damping)  # the damping this step used
+        np.testing.assert_allclose(checks.value(rule.ratio), 2.0 - m, rtol=RTOL, atol=RTOL, err_msg=f"2 - m of {step}")
+        taken_with = checks.value(opt.quadratic_step.step_damping)  # the damping this step used
         if m > 1.75:
-            np.testing.assert_allclose(_value(rule.value), taken_with / 0.95, rtol=1e-6, err_msg=f"step {step}")
+            np.testing.assert_allclose(checks.value(rule.value), taken_with / 0.95, rtol=1e-6, err_msg=f"step {step}")
             moves["rise"] += 1
         elif m < 1.25:
-            np.testing.assert_allclose(_value(rule.value), taken_with * 0.95, rtol=1e-6, err_msg=f"step {step}")
+            np.testing.assert_allclose(checks.value(rule.value), taken_with * 0.95, rtol=1e-6, err_msg=f"step {step}")
             moves["fall"] += 1
     assert moves["rise"] and moves["fall"], (moves, ref.measured)
 
@@ -213,10 +193,10 @@ def test_rejected_trial_keeps_the_parameters_and_grows_kappa(mode, rng):
     x, y = _batch(rng, "embedding", 24)
     rule = opt.quadratic_step
     for step in range(4):
-        before, kappa = param_values(net), _value(rule.calibration)
+        before, kappa = param_values(net), checks.value(rule.calibration)
         loss = cell(Tensor(x), Tensor(y))
         ref.step(x, y)
-        _check(net, opt, ref, step, loss)
+        checks.check_step(net, opt, ref, step, loss)
         if not ref.rejected[-1]:
             continue
         assert ref.trial_losses[-1] > ref.losses[-1] + 0.1  # far from a tie: the decision is not float32 noise
@@ -225,8 +205,8 @@ def test_rejected_trial_keeps_the_parameters_and_grows_kappa(mode, rng):
             np.testing.assert_allclose(after[name], value, rtol=1e-6, atol=1e-6, err_msg=name)
         for moment in opt.moments:
             assert not np.any(moment.asnumpy()), moment.name
-        assert (_value(rule.step_size), _value(rule.momentum_coefficient)) == (0.0, 0.0)
-        assert _value(rule.calibration) >= 10.0 * kappa * (1 - 1e-6), (kappa, _value(rule.calibration))
+        assert (checks.value(rule.step_size), checks.value(rule.momentum_coefficient)) == (0.0, 0.0)
+        assert checks.value(rule.calibration) >= 10.0 * kappa * (1 - 1e-6), (kappa, checks.value(rule.calibration))
     assert ref.rejected == [False, False, True, False], ref.rejected
     assert ref.losses[3] == ref.losses[2] and ref.trial_losses[3] < ref.losses[3]  # step 3 from the same point
     assert ref.trials[3][1] == 0.0 and ref.betas[3] == 0.0
@@ -243,7 +223,7 @@ def test_adaptive_lr_under_dynamic_loss_scale(mode, rng):
         loss, overflow, _ = cell(Tensor(x), Tensor(y))
         assert not bool(overflow.asnumpy())
         ref.step(x, y)
-        _check(net, opt, ref, step, loss)
+        checks.check_step(net, opt, ref, step, loss)
         _check_damping(opt, ref, step)
     assert float(cell.scale_sense.asnumpy()) > 2.0 ** 10  # the scale changed between THOR steps
     _exercised(ref)
@@ -262,9 +242,9 @@ def test_adaptive_lr_model_thor_sink_matches_reference(mode, rng):
     for _ in range(STEPS):
         ref.step(x, y)
     compare(net, ref, STEPS - 1)
-    np.testing.assert_allclose(_value(opt.quadratic_step.step_size), ref.alphas[-1], rtol=RTOL)
-    np.testing.assert_allclose(_value(opt.quadratic_step.calibration), ref.kappas[-1], rtol=RTOL)
-    np.testing.assert_allclose(_value(opt.damping_rule.value), ref.dampings[-1], rtol=1e-5)
+    np.testing.assert_allclose(checks.value(opt.quadratic_step.step_size), ref.alphas[-1], rtol=RTOL)
+    np.testing.assert_allclose(checks.value(opt.quadratic_step.calibration), ref.kappas[-1], rtol=RTOL)
+    np.testing.assert_allclose(checks.value(opt.damping_rule.value), ref.dampings[-1], rtol=1e-5)
     _exercised(ref)
 
 
@@ -283,7 +263,7 @@ def test_mindspore_cell_is_refused_before_any_update(mode, rng):
     for name, value in before.items():
         np.testing.assert_array_equal(after[name], value, err_msg=name)
     assert not any(np.any(moment.asnumpy()) for moment in opt.moments)
-    assert _value(opt.quadratic_step.calibration) == 1.0
+    assert checks.value(opt.quadratic_step.calibration) == 1.0
 
 
 def test_momentum_argument_is_not_used(mode, rng):
