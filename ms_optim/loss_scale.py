@@ -20,7 +20,8 @@ manager's updates drove to 0 or to a non-finite value stops the run before the s
 (ValueError naming the scale and the step; the parameters stay as after the previous step).
 ``build_train_network`` and ``ModelThor`` refuse such a ``loss_scale_manager`` before building anything.
 
-For ``thor(..., damping="adaptive")`` it runs the extra forward pass of the damping rule after the optimizer
+For ``thor(..., learning_rate="adaptive")`` (the loss at the trial point) and
+``thor(..., damping="adaptive")`` (the damping rule's) it runs the extra forward pass after the optimizer
 (``ms_optim._thor.probe``; not on an overflowing step). For an ms_optim THOR optimizer it also feeds the scale
 this step's backward pass used (read before the manager updates it) into the optimizer (``feed_loss_scale``),
 because the THOR layers' G factors carry that scale squared.
@@ -120,7 +121,7 @@ class TrainOneStepWithLossScaleCell(nn.TrainOneStepWithLossScaleCell):
             self.degree = 1
         self.overflow_status = Tensor(np.zeros(8, np.int32))  # start_overflow_check's placeholder, made once
         self.feeds_loss_scale = callable(getattr(optimizer, "feed_loss_scale", None))
-        # thor(..., damping="adaptive"): the loss after the update on the same batch (ms_optim._thor.probe)
+        # thor(..., learning_rate or damping="adaptive"): the extra forward pass (ms_optim._thor.probe)
         self.loss_probe = loss_probe_for(network, optimizer)
 
     def set_sense_scale(self, sens):

@@ -115,7 +115,8 @@ __all__ = ["AdaptiveLrThorOptimizer", "QuadraticStep", "DEGENERATE", "KAPPA_MIN"
 #: the calibration's range
 KAPPA_MIN = 1e-4
 KAPPA_MAX = 1e8
-#: the calibration is multiplied by it when the loss at the trial point is not finite
+#: a rejected trial (the loss at the trial point rose or is not finite) multiplies the calibration by at least
+#: this (up to KAPPA_MAX)
 FAILED_GROWTH = 10.0
 #: the calibration falls at most by this factor per step (the final step is at most about twice the trial)
 MAX_FALL = 0.5

@@ -60,11 +60,14 @@ def thor(net, learning_rate, damping, momentum, weight_decay=0.0, loss_scale=1.0
             value. Or ``"adaptive"``: no schedule; every step is ``alpha x + beta y``, x the new
             preconditioned direction (after weight decay and clipping) and y the previous update, with
             ``(alpha, beta)`` minimising THOR's quadratic model ``1/2 w^T M w + b^T w`` (M from the stored
-            factors plus ``damping`` times the identity, b from the step's gradients: a 2x2 solve, the 1-D
-            step ``(-b0 / M00, 0)`` when that system is singular or not finite, no step when neither is
-            finite); ``momentum`` is then not used (beta is the momentum), ``kl_clip`` is the trust region
-            ``w^T M w <= kl_clip`` and ``use_nesterov`` must be False. Works with a damping Tensor (any
-            training cell) and with ``damping="adaptive"`` (``ms_optim._thor.adaptive_lr`` has the formulas).
+            factors plus ``damping`` times the identity, scaled by a calibration measured every step from the
+            loss at a trial point on the same batch, an extra forward pass of the training cell; b from the
+            step's gradients: a 2x2 solve, the 1-D step ``(-b0 / M00, 0)`` when that system is singular or
+            not finite, no step when neither is finite or when the trial raised the loss); ``momentum`` is
+            then not used (beta is the momentum), ``kl_clip`` is the trust region ``w^T M w <= kl_clip`` and
+            ``use_nesterov`` must be False. Works with a damping Tensor and with ``damping="adaptive"``
+            (``ms_optim._thor.adaptive_lr`` has the formulas). Train with ``ms_optim.nn.TrainOneStepCell``,
+            ``ms_optim.nn.TrainOneStepWithLossScaleCell`` or ``ModelThor``, which run that pass.
         damping (Union[Tensor, str]): per-step damping (1-D) or one 0-D value; ``sqrt(damping)`` is added to
             the factors' diagonals. Or ``"adaptive"``: no schedule; the damping starts from a heuristic on
             the first step's factors and follows a Levenberg-Marquardt rule on the reduction ratio (the loss
@@ -178,9 +181,9 @@ def thor(net, learning_rate, damping, momentum, weight_decay=0.0, loss_scale=1.0
             ``(low, high)`` with ``0 < low <= high`` finite in float32; if `damping` is 'adaptive' and
             `use_nesterov` True.
         ValueError (at run time): If the step runs past the end of a `learning_rate` or `damping` Tensor.
-        RuntimeError (when the step is compiled): If `damping` is 'adaptive' and the optimizer is stepped by a
-            cell that does not run the extra forward pass (MindSpore's own ``nn.TrainOneStepCell`` or
-            ``Model``).
+        RuntimeError (when the step is compiled): If `learning_rate` or `damping` is 'adaptive' and the
+            optimizer is stepped by a cell that does not run the extra forward pass (MindSpore's own
+            ``nn.TrainOneStepCell`` or ``Model``).
     """
     config = validate_thor(net, learning_rate, damping, momentum, weight_decay, loss_scale, batch_size,
                            use_nesterov, decay_filter, split_indices, enable_clip_grad, frequency,

@@ -20,7 +20,7 @@ The training cell is built as MindSpore's ``Model`` builds it (``amp_level`` O0/
 ``keep_batchnorm_fp32``, loss wrapping), with one portable difference in loss scaling:
 
 * no manager: ``TrainOneStepCell`` (sens 1; ms_optim's, ``ms_optim._thor.probe``: MindSpore's cell, plus the
-  extra forward pass of ``thor(..., damping="adaptive")``);
+  extra forward pass of ``thor(..., learning_rate="adaptive")`` and ``thor(..., damping="adaptive")``);
 * ``FixedLossScaleManager(s, drop_overflow_update=False)``: ``TrainOneStepCell`` with ``sens = s``;
   the gradients reach the optimizer multiplied by ``s`` (THOR's ``loss_scale`` divides it out);
 * ``DynamicLossScaleManager`` or ``FixedLossScaleManager(drop_overflow_update=True)``: a

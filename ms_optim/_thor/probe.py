@@ -83,8 +83,8 @@ def loss_probe_for(network: nn.Cell, optimizer) -> Optional[LossProbe]:
 
 class TrainOneStepCell(nn.TrainOneStepCell):
     """``mindspore.nn.TrainOneStepCell`` that also runs the extra forward pass of ``thor(...,
-    damping="adaptive")`` (:class:`LossProbe`) after the optimizer; for every other optimizer it is
-    MindSpore's cell, step for step.
+    learning_rate="adaptive")`` and ``thor(..., damping="adaptive")`` (:class:`LossProbe`) after the
+    optimizer; for every other optimizer it is MindSpore's cell, step for step.
 
     Args:
         network (Cell): the network with its loss.

@@ -8,11 +8,12 @@ with ``thor(...)`` in three settings (``RUNS``): ``damping="adaptive"`` with a l
 the same 4 samples (so each rank's factors are the factors of the concatenated batch), in GRAPH and PYNATIVE
 mode. Under ``msrun``: data parallel, ``gradients_mean=True``;
 alone (``--single``): the whole (concatenated) batch in one process. Every run steps
-``ms_optim.nn.TrainOneStepCell`` (the extra forward pass of the adaptive damping).
+``ms_optim.nn.TrainOneStepCell`` (the extra forward pass: the adaptive damping's, or the adaptive learning
+rate's at its trial point).
 
 Writes ``OUT/<run>_<data>_<mode>_rank<r>.npz`` (``..._single.npz`` alone): the net's and the optimizer's
 parameters after the last step, and per step the loss (``__losses__``), the damping (``__dampings__``) and,
-with the adaptive learning rate, ``__alphas__``/``__betas__``.
+with the adaptive learning rate, ``__alphas__``/``__betas__`` and the calibration kappa (``__kappas__``).
 
 Usage: python adaptive_worker.py --out DIR [--single]
 """
@@ -64,7 +65,7 @@ def run(name: str, data: str, rank: int, local: int):
     loss = nn.SoftmaxCrossEntropyWithLogits(sparse=True, reduction="mean")
     cell = ms_nn.TrainOneStepCell(nn.WithLossCell(net, loss), opt).set_train()
     xs, ys = batches(data)
-    history = {"__losses__": [], "__dampings__": [], "__alphas__": [], "__betas__": []}
+    history = {"__losses__": [], "__dampings__": [], "__alphas__": [], "__betas__": [], "__kappas__": []}
     for s in range(STEPS):
         part = slice(rank * local, (rank + 1) * local)
         history["__losses__"].append(float(cell(Tensor(xs[s, part]), Tensor(ys[s, part])).asnumpy()))
@@ -72,6 +73,7 @@ def run(name: str, data: str, rank: int, local: int):
         if learning_rate == "adaptive":
             history["__alphas__"].append(float(opt.quadratic_step.step_size.asnumpy()))
             history["__betas__"].append(float(opt.quadratic_step.momentum_coefficient.asnumpy()))
+            history["__kappas__"].append(float(opt.quadratic_step.calibration.asnumpy()))
     state = {p.name: p.asnumpy() for p in net.get_parameters()}
     state.update({p.name: p.asnumpy() for p in opt.get_parameters()})
     state.update({key: np.array(values) for key, values in history.items()})

@@ -1,9 +1,11 @@
 """THOR's adaptive rules on 2 CPU ranks through ``msrun`` (``adaptive_worker.py``): ``damping="adaptive"``,
 ``learning_rate="adaptive"`` and both, in GRAPH and PYNATIVE mode.
 
-The ranks must decide alike: the same damping and, with the adaptive learning rate, the same step size and
-momentum on every step, and the same parameters and optimizer state at the end, bit for bit (every rank's
-losses, q and factors are its own: the rules average them over the ranks before deciding). Where the single
+The ranks must decide alike: the same damping and, with the adaptive learning rate, the same step size,
+momentum and calibration on every step, and the same parameters and optimizer state at the end, bit for bit
+(every rank's losses, q and factors are its own: the rules average them over the ranks before deciding; with
+the adaptive learning rate the damping rule's predicted change comes from the averaged 2x2 system, so it is
+the same on every rank too). Where the single
 process on the concatenated batch is the same computation, it must give the same numbers: on the ``"twin"``
 batches (both halves the same samples) each rank's factors are the concatenated batch's, so the rank mean of
 any function of them is that function of the concatenated batch's factors. On ``"split"`` batches it is not:
@@ -26,8 +28,8 @@ WORKER = os.path.join(HERE, "adaptive_worker.py")
 TAGS = [(run, data, mode) for run in sorted(adaptive_worker.RUNS) for data in adaptive_worker.DATA
         for mode in ("graph", "pynative")]
 LOCAL = ("matrix_a_cov", "matrix_g_cov")  # each rank keeps its own batch's factors (the optimizer reduces a copy)
-#: per rank by design: its own losses, and the q of its own factors (``thor_predicted_change``, averaged into
-#: the reduction ratio, not in place)
+#: per rank by design: its own losses, and, with a learning-rate Tensor, the q of its own factors
+#: (``thor_predicted_change``, averaged into the reduction ratio, not in place)
 PER_RANK = ("__losses__", "thor_predicted_change")
 
 pytestmark = [pytest.mark.distributed, pytest.mark.slow]
@@ -50,15 +52,18 @@ def test_ranks_decide_alike(results, run, data, mode):
     rank0, rank1, single = _load(results, run, data, mode)
     names = set(single.files)
     assert names == set(rank0.files) == set(rank1.files)
-    shared = [n for n in names if not n.endswith(LOCAL) and n not in PER_RANK]
+    learning_rate, damping = adaptive_worker.RUNS[run]
+    per_rank = ("__losses__",) if learning_rate == "adaptive" else PER_RANK
+    shared = [n for n in names if not n.endswith(LOCAL) and n not in per_rank]
     for name in shared:
         np.testing.assert_array_equal(rank0[name], rank1[name], err_msg=name)
-    learning_rate, damping = adaptive_worker.RUNS[run]
     if damping == "adaptive":
         assert "thor_damping" in shared and len(set(rank0["__dampings__"])) > 1, rank0["__dampings__"]
     if learning_rate == "adaptive":
         assert "thor_step_size" in shared and len(rank0["__alphas__"]) == adaptive_worker.STEPS
         assert rank0["__betas__"][0] == 0.0 and np.any(rank0["__betas__"][1:] != 0.0), rank0["__betas__"]
+        assert "thor_curvature_calibration" in shared and "thor_system" in shared
+        assert np.all(rank0["__kappas__"] != 1.0), rank0["__kappas__"]  # measured on every step
     for got in (rank0, rank1):
         assert all(np.all(np.isfinite(got[n])) for n in names if got[n].dtype.kind == "f"), run
     if data == "split":  # the halves differ: so do the factors the ranks keep

@@ -1,8 +1,10 @@
 """NumPy float64 oracles of ``thor(..., damping="adaptive")`` (the Levenberg-Marquardt damping rule) and of
-``thor(..., learning_rate="adaptive")`` (:class:`AdaptiveLrMixin`: the step from the 2x2 quadratic model).
+``thor(..., learning_rate="adaptive")`` (:class:`AdaptiveLrMixin`: the step from the 2x2 quadratic model, its
+curvature calibrated by the loss at a trial point; the formulas are in its docstring).
 
-Written from the formulas of ``ms_optim/_thor/adaptive.py`` and ``ms_optim/_thor/quad_model.py`` (module
-docstrings), on top of :class:`reference.thor_ref.ThorReference` (THOR's step). With ``f`` the frequency,
+Written from the formulas of ``ms_optim/_thor/adaptive.py``, ``ms_optim/_thor/quad_model.py`` and
+``ms_optim/_thor/adaptive_lr.py`` (module docstrings), on top of :class:`reference.thor_ref.ThorReference`
+(THOR's step). The damping rule, with ``f`` the frequency,
 ``T = adapt_every``, ``omega = 0.95**T``, ``[lo, hi]`` the bounds:
 
 .. code-block:: text
@@ -15,6 +17,7 @@ docstrings), on top of :class:`reference.thor_ref.ThorReference` (THOR's step). 
             c = <Gb delta, delta Ab> for a Dense weight (Ab, Gb: the stored factors' diagonal blocks),
             c = <g^2 / B, delta^2> for LayerNorm gamma/beta, 0 otherwise
         L1 = loss on the same batch after the update;  rho = (L1 - L0) / q  (-100 if not finite)
+            (with learning_rate="adaptive": rho = 2 - m of the trial, AdaptiveLrMixin)
         d = clip(d / omega) if rho < 1/4;  clip(d * omega) if rho > 3/4;  else d
 """
 from __future__ import annotations
@@ -25,6 +28,8 @@ from typing import Dict, Optional, Tuple
 import numpy as np
 
 from reference.thor_ref import Array, ThorReference
+
+FAILED_RATIO = -100.0  # the reduction ratio recorded when it is not a finite number
 
 
 def block_diagonal(factor: Array, block_size: Optional[int]) -> Array:
@@ -99,21 +104,21 @@ class AdaptiveThorReference(ThorReference):
                 q += 0.5 * float(np.sum(grad ** 2 / self.batch_size * delta ** 2))
         return q
 
-    def model_lr(self, t: int) -> float:
-        """The ``lr`` of ``delta = -lr * accum`` in the quadratic model: the schedule's (the adaptive learning
-        rate's oracle: -1, the moments hold the update itself)."""
-        return float(self.lr[0] if self.lr.size == 1 else self.lr[t])
+    def reduction(self, x: Array, y: Array, lr: float) -> Tuple[float, float, float]:
+        """``(rho, L1 - L0, q)`` of the adaptation step just taken at learning rate ``lr`` (the adaptive learning
+        rate's oracle overrides it with its trial's measurement)."""
+        q = self.model_change(lr)
+        after, _, _ = self.model.forward_backward(self.params, x, y)
+        change = after - self.losses[-1]
+        rho = change / q if q != 0 else float("nan")
+        return (rho if math.isfinite(rho) else FAILED_RATIO), change, q
 
     def step(self, x: Array, y: Array) -> Dict[str, Array]:
         t = self.t
-        lr = self.model_lr(t)
+        lr = self._at(self.lr)
         super().step(x, y)
         if (t + 1) % self.adapt_every == 0:
-            q = self.model_change(lr)
-            after, _, _ = self.model.forward_backward(self.params, x, y)
-            change = after - self.losses[-1]
-            rho = change / q if q != 0 else float("nan")
-            rho = rho if math.isfinite(rho) else -100.0
+            rho, change, q = self.reduction(x, y, lr)
             factor = 1.0 / self.omega if rho < 0.25 else (self.omega if rho > 0.75 else 1.0)
             self.d = min(max(self.d * factor, self.bounds[0]), self.bounds[1])
             self.ratios.append((t, rho))
@@ -125,17 +130,22 @@ class AdaptiveThorReference(ThorReference):
 
 # ----------------------------------------------------------------------------- learning_rate="adaptive"
 DEGENERATE = 1e-5  # the 2x2 system is singular when det <= DEGENERATE * M00 * M11
+KAPPA_MIN, KAPPA_MAX = 1e-4, 1e8  # the calibration's range
+MAX_FALL = 0.5  # the calibration falls at most by this factor a step
+FAILED_GROWTH = 10.0  # a rejected trial multiplies the calibration by (at least) this
+
+
+def quadratic_form(m: Array, w) -> float:
+    """``w^T M w``, the terms of y left out when ``w[1] = 0`` (a non-finite y entry does not spoil a 1-D step)."""
+    cross = 2 * w[0] * w[1] * m[0, 1] + w[1] ** 2 * m[1, 1] if w[1] != 0 else 0.0
+    return float(w[0] ** 2 * m[0, 0] + cross)
 
 
 def solve_coefficients(m: Array, b: Array, kl_clip: Optional[float] = None) -> Tuple[float, float]:
     """``(alpha, beta)`` minimising ``1/2 w^T M w + b^T w`` (2-D when regular and not worse than the 1-D step
     ``(-b0 / M00, 0)``; else the 1-D step; else 0), then the trust region ``w^T M w <= kl_clip``."""
     def model(w):
-        return 0.5 * curvature_norm(w) + w[0] * b[0] + (w[1] * b[1] if w[1] != 0 else 0.0)
-
-    def curvature_norm(w):  # the terms of y left out when beta = 0
-        cross = 2 * w[0] * w[1] * m[0, 1] + w[1] ** 2 * m[1, 1] if w[1] != 0 else 0.0
-        return w[0] ** 2 * m[0, 0] + cross
+        return 0.5 * quadratic_form(m, w) + w[0] * b[0] + (w[1] * b[1] if w[1] != 0 else 0.0)
 
     one_d = np.array([-b[0] / m[0, 0], 0.0]) if m[0, 0] > 0 else None
     if one_d is not None and not (np.all(np.isfinite(one_d)) and math.isfinite(model(one_d))):
@@ -144,22 +154,50 @@ def solve_coefficients(m: Array, b: Array, kl_clip: Optional[float] = None) -> T
     w = np.zeros(2) if one_d is None else one_d
     if m[0, 0] > 0 and m[1, 1] > 0 and det > DEGENERATE * m[0, 0] * m[1, 1]:
         two_d = np.array([m[0, 1] * b[1] - m[1, 1] * b[0], m[0, 1] * b[0] - m[0, 0] * b[1]]) / det
-        if np.all(np.isfinite(two_d)) and (one_d is None or model(two_d) <= model(one_d)):
+        if np.all(np.isfinite(two_d)) and math.isfinite(model(two_d)) and (
+                one_d is None or model(two_d) <= model(one_d)):
             w = two_d
     if kl_clip is not None:
-        k = curvature_norm(w)
+        k = quadratic_form(m, w)
         if math.isfinite(k) and k > 0:
             w = w * min(1.0, math.sqrt(kl_clip / k))
     return float(w[0]), float(w[1])
 
 
 class AdaptiveLrMixin:
-    """``learning_rate="adaptive"`` over :class:`ThorReference` (or :class:`AdaptiveThorReference`): the update
-    of ``ms_optim/_thor/adaptive_lr.py``'s docstring, written from it. Records ``alphas``, ``betas`` and
-    ``systems`` (``(M, b)``) of every step; ``moments`` hold the previous update."""
+    """``learning_rate="adaptive"`` over :class:`ThorReference` (or :class:`AdaptiveThorReference`), written from
+    the formulas of ``ms_optim/_thor/adaptive_lr.py``'s docstring. On step t, with ``x = -u`` (the preconditioned
+    gradient after decay and clip), ``y`` the previous update, ``h = g + wd w`` (decayed parameters), ``d`` the
+    step's damping and ``kappa`` the calibration (1 at first):
 
-    def model_lr(self, t: int) -> float:
-        return -1.0
+    .. code-block:: text
+
+        K(a, b) = sum_j c_j(a_j, b_j)  (the stored factors of the last THOR step);  N = <a, b>;  W = N on decayed
+        M(k) = k (K + d N) + wd W;  b = [<h,x>, <h,y>];  e = [<g,x>, <g,y>]
+        trial   (a0, b0) = solve(M(kappa), b);  p = a0 x + b0 y;  L_p = loss(w + p) on the step's batch
+        c = 2 (L_p - L0 - (a0 e0 + b0 e1));  k_d = [a0 b0](K + d N)[a0 b0]^T;  m = c / k_d
+        kappa' = clip(m, max(0.5 kappa, 1e-4), 1e8) if k_d > 0 else kappa
+        rejected (L_p > L0, or L_p / c not finite): kappa' = max(min(10 kappa, 1e8), kappa' if c finite); (0, 0)
+        else (alpha, beta) = solve(M(kappa'), b);  w <- w + alpha x + beta y;  y <- alpha x + beta y
+        damping="adaptive", adaptation step: rho = 2 - m (-100 if L_p, c or rho not finite or k_d <= 0),
+            L1 - L0 := L_p - L0,  q := a0 e0 + b0 e1 + k_d / 2
+
+    Records per step: ``alphas``, ``betas`` (the final step), ``trials`` ((a0, b0)), ``kappas`` (kappa after the
+    step), ``measured`` (m, NaN where k_d <= 0), ``rejected``, ``trial_losses`` (L_p), ``curvatures`` ((c, k_d))
+    and ``systems`` (``dict(K, N, W, b, e, d, M)``, 2x2 matrices and 2-vectors; ``M`` the trial's M(kappa));
+    ``moments`` hold the previous update."""
+
+    def _init_adaptive_lr(self) -> None:
+        self.kappa = 1.0
+        self.alphas, self.betas, self.trials, self.kappas, self.measured = [], [], [], [], []
+        self.rejected, self.trial_losses, self.curvatures, self.systems = [], [], [], []
+
+    def step(self, x: Array, y: Array) -> Dict[str, Array]:
+        self.batch = (x, y)  # the trial's loss is measured on the step's own batch
+        return super().step(x, y)
+
+    def reduction(self, x: Array, y: Array, lr: float) -> Tuple[float, float, float]:
+        return self.measurement
 
     def curvature(self, pname: str, a_vec: Array, b_vec: Array, grad: Array) -> float:
         """``c_j(a, b)`` of parameter ``pname`` from the factors of the last THOR step (diagonal blocks)."""
@@ -177,36 +215,74 @@ class AdaptiveLrMixin:
             return float(np.sum(grad ** 2 / self.batch_size * a_vec * b_vec))
         return 0.0
 
-    def update(self, new, grads, damping, factors) -> None:
-        if self.t % self.frequency == 0:
-            self.curvature_factors = factors
-        xs, ys, hs, ridges = {}, {}, {}, {}
+    def _system(self, new, grads, damping) -> Tuple[dict, Dict[str, Array], Dict[str, Array]]:
+        """The 2x2 terms (K, N, W, b, e) and the directions x, y of this step."""
+        xs, ys = {}, {}
+        k, n, w_m = np.zeros((2, 2)), np.zeros((2, 2)), np.zeros((2, 2))
+        b, e = np.zeros(2), np.zeros(2)
         for pname, v in new.items():
             w = self.params[pname]
             decay = self.weight_decay > 0 and self.decay_filter(pname)
             u = v + self.weight_decay * w if decay else v
             if self.enable_clip_grad:
                 u = u / max(np.linalg.norm(u), 1.0)
-            xs[pname], ys[pname] = -u, self.moments[pname]
-            hs[pname] = grads[pname] + self.weight_decay * w if decay else grads[pname]
-            ridges[pname] = damping + (self.weight_decay if decay else 0.0)
-        m = np.zeros((2, 2))
-        b = np.zeros(2)
-        for p in new:
-            pair = (xs[p], ys[p])
+            pair = (-u, self.moments[pname])
+            xs[pname], ys[pname] = pair
+            h = grads[pname] + self.weight_decay * w if decay else grads[pname]
             for i in range(2):
-                b[i] += float(np.sum(hs[p] * pair[i]))
+                b[i] += float(np.sum(h * pair[i]))
+                e[i] += float(np.sum(grads[pname] * pair[i]))
                 for j in range(2):
-                    m[i, j] += self.curvature(p, pair[i], pair[j], grads[p]) + ridges[p] * float(
-                        np.sum(pair[i] * pair[j]))
-        alpha, beta = solve_coefficients(m, b, self.kl_clip)
-        self.systems.append((m, b))
-        self.alphas.append(alpha)
-        self.betas.append(beta)
+                    dot = float(np.sum(pair[i] * pair[j]))
+                    k[i, j] += self.curvature(pname, pair[i], pair[j], grads[pname])
+                    n[i, j] += dot
+                    w_m[i, j] += dot if self.decay_filter(pname) else 0.0  # (times wd in M: 0 without decay)
+        return dict(K=k, N=n, W=w_m, b=b, e=e, d=damping), xs, ys
+
+    def model_matrix(self, system: dict, kappa: float) -> Array:
+        """``M(kappa) = kappa (K + d N) + wd W``."""
+        return kappa * (system["K"] + system["d"] * system["N"]) + self.weight_decay * system["W"]
+
+    def update(self, new, grads, damping, factors) -> None:
+        if self.t % self.frequency == 0:
+            self.curvature_factors = factors
+        system, xs, ys = self._system(new, grads, damping)
+        kappa = self.kappa
+        system["M"] = self.model_matrix(system, kappa)
+        a0, b0 = solve_coefficients(system["M"], system["b"], self.kl_clip)
+        trial = {p: self.params[p] + a0 * xs[p] + b0 * ys[p] for p in new}
+        loss_trial, _, _ = self.model.forward_backward(trial, *self.batch)
+        change = loss_trial - self.losses[-1]
+        linear = a0 * system["e"][0] + (b0 * system["e"][1] if b0 != 0 else 0.0)
+        c = 2.0 * (change - linear)
+        k_d = quadratic_form(system["K"] + damping * system["N"], (a0, b0))
+        m = c / k_d if k_d > 0 else float("nan")
+        new_kappa = min(max(m, max(MAX_FALL * kappa, KAPPA_MIN)), KAPPA_MAX) if k_d > 0 else kappa
+        finite = math.isfinite(loss_trial) and math.isfinite(c)
+        rejected = not finite or change > 0
+        if rejected:
+            grown = min(FAILED_GROWTH * kappa, KAPPA_MAX)
+            new_kappa = max(grown, new_kappa) if finite else grown
+            alpha, beta = 0.0, 0.0
+        else:
+            alpha, beta = solve_coefficients(self.model_matrix(system, new_kappa), system["b"], self.kl_clip)
         for p in new:
             s = alpha * xs[p] + beta * ys[p]
             self.params[p] = self.params[p] + s
             self.moments[p] = s
+        rho = 2.0 - m
+        usable = finite and k_d > 0 and math.isfinite(rho)
+        self.measurement = (rho if usable else FAILED_RATIO, change, linear + 0.5 * k_d)
+        self.kappa = new_kappa
+        self.systems.append(system)
+        self.trials.append((a0, b0))
+        self.alphas.append(alpha)
+        self.betas.append(beta)
+        self.kappas.append(new_kappa)
+        self.measured.append(m)
+        self.rejected.append(rejected)
+        self.trial_losses.append(loss_trial)
+        self.curvatures.append((c, k_d))
 
 
 class AdaptiveLrThorReference(AdaptiveLrMixin, ThorReference):
@@ -214,7 +290,7 @@ class AdaptiveLrThorReference(AdaptiveLrMixin, ThorReference):
 
     def __init__(self, model, params, damping, **kwargs):
         super().__init__(model, params, [0.0], damping, 0.0, **kwargs)
-        self.alphas, self.betas, self.systems = [], [], []
+        self._init_adaptive_lr()
 
 
 class AdaptiveLrDampingReference(AdaptiveLrMixin, AdaptiveThorReference):
@@ -222,4 +298,4 @@ class AdaptiveLrDampingReference(AdaptiveLrMixin, AdaptiveThorReference):
 
     def __init__(self, model, params, **kwargs):
         super().__init__(model, params, [0.0], 0.0, **kwargs)
-        self.alphas, self.betas, self.systems = [], [], []
+        self._init_adaptive_lr()

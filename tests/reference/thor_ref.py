@@ -44,11 +44,10 @@ Array = np.ndarray
 def softmax_xent(logits: Array, labels: Array) -> Tuple[float, Array]:
     """Mean sparse softmax cross-entropy and its gradient w.r.t. the logits."""
     z = logits - logits.max(axis=1, keepdims=True)
-    p = np.exp(z)
-    p /= p.sum(axis=1, keepdims=True)
+    log_p = z - np.log(np.exp(z).sum(axis=1, keepdims=True))  # log-softmax: finite however far a logit falls
     n = logits.shape[0]
-    loss = -np.mean(np.log(p[np.arange(n), labels]))
-    d = p.copy()
+    loss = -np.mean(log_p[np.arange(n), labels])
+    d = np.exp(log_p)
     d[np.arange(n), labels] -= 1.0
     return float(loss), d / n
 

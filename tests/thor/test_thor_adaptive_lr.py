@@ -1,8 +1,11 @@
-"""``thor(..., learning_rate="adaptive")`` against its float64 oracle (``reference.thor_adaptive_ref``): the 2x2
-system, the chosen step size and momentum and the parameters, step by step, in both modes, with a damping
-schedule and with ``damping="adaptive"``, through MindSpore's and ms_optim's training cells, the loss-scale cell
-and ``ModelThor``'s sink; the fallbacks of the solve; what the adaptive step does where a fixed one fails; the
+"""``thor(..., learning_rate="adaptive")`` against its float64 oracle (``reference.thor_adaptive_ref``): the trial
+and final step sizes and momenta, the measured calibration kappa and the parameters, step by step, in both modes,
+with a damping schedule and with ``damping="adaptive"`` (whose ratio is the trial's ``2 - m``), through
+ms_optim's training cell, the loss-scale cell and ``ModelThor``'s sink; a rejected trial; MindSpore's own cell
+refused before any update; the fallbacks of the solve; what the adaptive step does where a fixed one fails; the
 refusals."""
+import re
+
 import mindspore as ms
 import numpy as np
 import pytest
@@ -11,13 +14,16 @@ from mindspore.amp import DynamicLossScaleManager
 from reference.thor_adaptive_ref import AdaptiveLrDampingReference, AdaptiveLrThorReference
 from reference.thor_adaptive_ref import solve_coefficients as solve_ref
 from reference.thor_ref import EmbedRef, MLPRef
+from support import adaptive_lr_checks as checks
 from support.nets import MLP, EmbedNet, labelled_batches
 from support.params import param_values
-from support.thor_runs import RTOL, compare, init_params, mlp_batches, train_cell
+from support.thor_runs import ATOL, RTOL, compare, init_params, mlp_batches, train_cell
 
 from ms_optim import nn as ms_nn
 from ms_optim import thor
-from ms_optim._thor.adaptive_lr import solve_coefficients
+from ms_optim._thor import adaptive_lr
+from ms_optim._thor.adaptive_lr import UNBOUND_MESSAGE
+from ms_optim._thor.quad_model import solve_coefficients
 
 STEPS = 6
 FREQUENCY = 3
@@ -42,23 +48,23 @@ CASES = {
 }
 
 
-def _batch(rng, case):
+def _batch_size(case):
+    """Large enough that the fixed batch is not learnt by heart within STEPS: the loss then stays far above float32's
+    rounding, and so do the loss changes the calibration is measured from."""
+    return 16 if case.startswith("embedding") else 64
+
+
+def _batch(rng, case, size=None):
     """One fixed batch (every step trains on it: the model's prediction is checked on a problem it can solve)."""
+    size = size or _batch_size(case)
     if case.startswith("embedding"):
-        return rng.integers(0, 12, (8, 3)).astype(np.int32), rng.integers(0, 4, 8).astype(np.int32)
-    return mlp_batches(rng, 1, batch=8)[0]
+        return rng.integers(0, 12, (size, 3)).astype(np.int32), rng.integers(0, 4, size).astype(np.int32)
+    return mlp_batches(rng, 1, batch=size)[0]
 
 
-def _check(net, opt, ref, step, loss):
-    np.testing.assert_allclose(float(loss.asnumpy()), ref.losses[-1], rtol=RTOL, err_msg=f"loss at step {step}")
-    rule = opt.quadratic_step
-    got = [float(rule.step_size.asnumpy()), float(rule.momentum_coefficient.asnumpy())]
-    want = [ref.alphas[-1], ref.betas[-1]]
-    # (alpha, beta) as a vector, to RTOL of its size: near convergence one coefficient can be a small difference
-    # of float32 products (the 2x2 solve's cancellation), e.g. alpha = -0.039 beside beta = 0.9
-    np.testing.assert_allclose(got, want, rtol=RTOL, atol=RTOL * max(abs(v) for v in want),
-                               err_msg=f"(alpha, beta) of step {step}")
-    compare(net, ref, step)
+def _train_cell(net, opt):
+    """ms_optim's TrainOneStepCell (the pass at the trial point) with mean sparse softmax cross-entropy."""
+    return ms_nn.TrainOneStepCell(_loss_net(net), opt).set_train()
 
 
 def _exercised(ref):
@@ -69,56 +75,141 @@ def _exercised(ref):
 
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_adaptive_lr_with_damping_schedule_matches_reference(mode, rng, case):
-    """With a damping schedule no extra pass is needed: MindSpore's own TrainOneStepCell steps it."""
+    """A damping schedule, through ms_optim's TrainOneStepCell (the loss at the trial point, every step)."""
     make, model, kwargs, ref_kwargs = CASES[case]
     net = make()
     init_params(net, rng)
     damping = np.linspace(0.5, 0.2, STEPS).astype(np.float32)
-    ref = AdaptiveLrThorReference(model, param_values(net), damping, batch_size=8, frequency=FREQUENCY,
+    size = _batch_size(case)
+    ref = AdaptiveLrThorReference(model, param_values(net), damping, batch_size=size, frequency=FREQUENCY,
                                   **ref_kwargs)
-    opt = thor(net, "adaptive", Tensor(damping), 0.9, batch_size=8, frequency=FREQUENCY, **kwargs)
-    cell = train_cell(net, opt)
+    opt = thor(net, "adaptive", Tensor(damping), 0.9, batch_size=size, frequency=FREQUENCY, **kwargs)
+    cell = _train_cell(net, opt)
     x, y = _batch(rng, case)
     for step in range(STEPS):
         loss = cell(Tensor(x), Tensor(y))
         ref.step(x, y)
-        _check(net, opt, ref, step, loss)
+        checks.check_step(net, opt, ref, step, loss)
     _exercised(ref)
-    if case == "mlp_kl_clip":  # the trust region was active on some step
-        unclipped = [np.array(solve_ref(m, b)) for m, b in ref.systems]
-        assert any(float(w @ m @ w) > 0.05 * 1.01 for w, (m, _) in zip(unclipped, ref.systems)), unclipped
+    checks.measured_kappa_checked(ref)
+    if case == "mlp_kl_clip":  # the trust region was active on some trial, and on some final step
+        unclipped = [np.array(solve_ref(s["M"], s["b"])) for s in ref.systems]
+        assert any(float(w @ s["M"] @ w) > 0.05 * 1.01 for w, s in zip(unclipped, ref.systems)), unclipped
+        finals = [ref.model_matrix(s, k) for s, k in zip(ref.systems, ref.kappas)]
+        unclipped = [np.array(solve_ref(m, s["b"])) for m, s in zip(finals, ref.systems)]
+        clipped = [t for t, (w, m) in enumerate(zip(unclipped, finals)) if float(w @ m @ w) > 0.05 * 1.01]
+        assert clipped and not any(ref.rejected), unclipped
+        for t in clipped:  # the final step on the boundary of the trust region of M(kappa')
+            w = np.array([ref.alphas[t], ref.betas[t]])
+            assert float(w @ finals[t] @ w) == pytest.approx(0.05, rel=1e-9)
     if case == "mlp_clip_grad_full":
         assert opt.inverse == "full"
 
 
-def _adaptive_both(rng, **kwargs):
-    net = MLP()
+def _adaptive_both(rng, case="mlp", adapt_every=2, size=None):
+    """Both adaptive on ``case``'s net ("mlp" or "embedding..."): (net, optimizer, oracle)."""
+    size = size or _batch_size(case)
+    make, model, ref_kwargs = ((EmbedNet, EmbedRef(1e-7), dict(layernorm=("ln",))) if case.startswith("embedding")
+                               else (MLP, MLPRef(), {}))
+    net = make()
     init_params(net, rng)
-    ref = AdaptiveLrDampingReference(MLPRef(), param_values(net), batch_size=8, frequency=FREQUENCY, adapt_every=2)
-    opt = thor(net, "adaptive", "adaptive", 0.9, batch_size=8, frequency=FREQUENCY, adapt_every=2, **kwargs)
+    ref = AdaptiveLrDampingReference(model, param_values(net), batch_size=size, frequency=FREQUENCY,
+                                     adapt_every=adapt_every, **ref_kwargs)
+    opt = thor(net, "adaptive", "adaptive", 0.9, batch_size=size, frequency=FREQUENCY, adapt_every=adapt_every)
     return net, opt, ref
 
 
 def _check_damping(opt, ref, step):
-    np.testing.assert_allclose(float(opt.damping_rule.value.asnumpy()), ref.dampings[-1], rtol=1e-5,
+    """The damping after ``step``; on an adaptation step the rule's record: the trial's ratio 2 - m, L_p - L0 and
+    the damped model's change for the trial."""
+    rule = opt.damping_rule
+    np.testing.assert_allclose(checks.value(rule.value), ref.dampings[-1], rtol=1e-5,
                                err_msg=f"damping after step {step}")
-    if ref.ratios and ref.ratios[-1][0] == step:  # q of the step actually taken (alpha x + beta y)
-        np.testing.assert_allclose(float(opt.damping_rule.predicted.asnumpy()), ref.predicted[-1][1], rtol=RTOL,
-                                   err_msg=f"q of step {step}")
+    if ref.ratios and ref.ratios[-1][0] == step:
+        np.testing.assert_allclose(checks.value(rule.predicted), ref.predicted[-1][1], rtol=RTOL,
+                                   err_msg=f"predicted change of step {step}")
+        np.testing.assert_allclose(checks.value(rule.loss_change), ref.changes[-1][1], rtol=RTOL, atol=ATOL,
+                                   err_msg=f"L_p - L0 of step {step}")
+        np.testing.assert_allclose(checks.value(rule.ratio), ref.ratios[-1][1], rtol=RTOL, atol=RTOL,
+                                   err_msg=f"ratio of step {step}")
 
 
 def test_adaptive_lr_with_adaptive_damping_matches_reference(mode, rng):
-    """kfac-jax's default combination, through ms_optim's TrainOneStepCell (the extra pass)."""
+    """kfac-jax's default combination, through ms_optim's TrainOneStepCell (the pass at the trial point)."""
     net, opt, ref = _adaptive_both(rng)
-    cell = ms_nn.TrainOneStepCell(_loss_net(net), opt).set_train()
+    cell = _train_cell(net, opt)
     x, y = _batch(rng, "mlp")
     for step in range(STEPS):
         loss = cell(Tensor(x), Tensor(y))
         ref.step(x, y)
-        _check(net, opt, ref, step, loss)
+        checks.check_step(net, opt, ref, step, loss)
         _check_damping(opt, ref, step)
     _exercised(ref)
+    checks.measured_kappa_checked(ref)
     assert len(set(ref.dampings)) > 1, ref.dampings  # the damping moved
+    assert [t for t, _ in ref.ratios] == list(range(1, STEPS, 2))  # the adaptation steps
+
+
+def test_adaptive_damping_ratio_is_the_trials_and_rises_on_missed_curvature(mode, rng):
+    """Both adaptive, adapting every step, on the embedding + LayerNorm net: each step's ratio is the oracle's
+    ``2 - m``, and after a step whose measured curvature exceeds 1.75 times the damped Kronecker model's
+    (``m > 1.75``: ratio below 1/4) the damping rises by ``1 / omega``; where ``m < 1.25`` it falls."""
+    net, opt, ref = _adaptive_both(rng, "embedding", adapt_every=1, size=32)
+    cell = _train_cell(net, opt)
+    x, y = _batch(rng, "embedding", 32)
+    rule = opt.damping_rule
+    moves = {"rise": 0, "fall": 0}
+    for step in range(STEPS):
+        loss = cell(Tensor(x), Tensor(y))
+        ref.step(x, y)
+        checks.check_step(net, opt, ref, step, loss)
+        _check_damping(opt, ref, step)
+        m = ref.measured[-1]
+        assert ref.ratios[-1] == (step, 2.0 - m)  # every measurement here was usable
+        np.testing.assert_allclose(checks.value(rule.ratio), 2.0 - m, rtol=RTOL, atol=RTOL, err_msg=f"2 - m of {step}")
+        taken_with = checks.value(opt.quadratic_step.step_damping)  # the damping this step used
+        if m > 1.75:
+            np.testing.assert_allclose(checks.value(rule.value), taken_with / 0.95, rtol=1e-6, err_msg=f"step {step}")
+            moves["rise"] += 1
+        elif m < 1.25:
+            np.testing.assert_allclose(checks.value(rule.value), taken_with * 0.95, rtol=1e-6, err_msg=f"step {step}")
+            moves["fall"] += 1
+    assert moves["rise"] and moves["fall"], (moves, ref.measured)
+
+
+def test_rejected_trial_keeps_the_parameters_and_grows_kappa(mode, rng):
+    """The embedding + LayerNorm case on 24 samples: step 2's trial, made with the kappa step 1 measured (0.6),
+    raises the loss. Nothing of it is kept: the parameters are those before the step, the stored update
+    (``moments``) is 0 and kappa grows at least tenfold; step 3 starts again from there (no previous update: the
+    1-D step) with a trial ten times shorter, which is kept."""
+    make, model, kwargs, ref_kwargs = CASES["embedding_layernorm"]
+    net = make()
+    init_params(net, rng)
+    damping = np.linspace(0.5, 0.2, STEPS).astype(np.float32)
+    ref = AdaptiveLrThorReference(model, param_values(net), damping, batch_size=24, frequency=FREQUENCY,
+                                  **ref_kwargs)
+    opt = thor(net, "adaptive", Tensor(damping), 0.9, batch_size=24, frequency=FREQUENCY, **kwargs)
+    cell = _train_cell(net, opt)
+    x, y = _batch(rng, "embedding", 24)
+    rule = opt.quadratic_step
+    for step in range(4):
+        before, kappa = param_values(net), checks.value(rule.calibration)
+        loss = cell(Tensor(x), Tensor(y))
+        ref.step(x, y)
+        checks.check_step(net, opt, ref, step, loss)
+        if not ref.rejected[-1]:
+            continue
+        assert ref.trial_losses[-1] > ref.losses[-1] + 0.1  # far from a tie: the decision is not float32 noise
+        after = param_values(net)
+        for name, value in before.items():  # w + p - p in float32: equal up to the rounding of w + p
+            np.testing.assert_allclose(after[name], value, rtol=1e-6, atol=1e-6, err_msg=name)
+        for moment in opt.moments:
+            assert not np.any(moment.asnumpy()), moment.name
+        assert (checks.value(rule.step_size), checks.value(rule.momentum_coefficient)) == (0.0, 0.0)
+        assert checks.value(rule.calibration) >= 10.0 * kappa * (1 - 1e-6), (kappa, checks.value(rule.calibration))
+    assert ref.rejected == [False, False, True, False], ref.rejected
+    assert ref.losses[3] == ref.losses[2] and ref.trial_losses[3] < ref.losses[3]  # step 3 from the same point
+    assert ref.trials[3][1] == 0.0 and ref.betas[3] == 0.0
 
 
 def test_adaptive_lr_under_dynamic_loss_scale(mode, rng):
@@ -132,7 +223,7 @@ def test_adaptive_lr_under_dynamic_loss_scale(mode, rng):
         loss, overflow, _ = cell(Tensor(x), Tensor(y))
         assert not bool(overflow.asnumpy())
         ref.step(x, y)
-        _check(net, opt, ref, step, loss)
+        checks.check_step(net, opt, ref, step, loss)
         _check_damping(opt, ref, step)
     assert float(cell.scale_sense.asnumpy()) > 2.0 ** 10  # the scale changed between THOR steps
     _exercised(ref)
@@ -146,14 +237,33 @@ def test_adaptive_lr_model_thor_sink_matches_reference(mode, rng):
     loss = nn.SoftmaxCrossEntropyWithLogits(sparse=True, reduction="mean")
     model = ms.train.Model(net, loss_fn=loss, optimizer=opt)
     model = ConvertModelUtils.convert_to_thor_model(model, network=net, loss_fn=loss, optimizer=opt)
-    model.train(2, labelled_batches(np.tile(x, (STEPS, 1)), np.tile(y, STEPS), 8), dataset_sink_mode=True,
+    model.train(2, labelled_batches(np.tile(x, (STEPS, 1)), np.tile(y, STEPS), len(x)), dataset_sink_mode=True,
                 sink_size=STEPS // 2)
     for _ in range(STEPS):
         ref.step(x, y)
     compare(net, ref, STEPS - 1)
-    np.testing.assert_allclose(float(opt.quadratic_step.step_size.asnumpy()), ref.alphas[-1], rtol=RTOL)
-    np.testing.assert_allclose(float(opt.damping_rule.value.asnumpy()), ref.dampings[-1], rtol=1e-5)
+    np.testing.assert_allclose(checks.value(opt.quadratic_step.step_size), ref.alphas[-1], rtol=RTOL)
+    np.testing.assert_allclose(checks.value(opt.quadratic_step.calibration), ref.kappas[-1], rtol=RTOL)
+    np.testing.assert_allclose(checks.value(opt.damping_rule.value), ref.dampings[-1], rtol=1e-5)
     _exercised(ref)
+
+
+def test_mindspore_cell_is_refused_before_any_update(mode, rng):
+    """MindSpore's own TrainOneStepCell never measures the trial: the step raises when it compiles, and nothing
+    has moved (parameters, stored update, kappa)."""
+    net = MLP()
+    init_params(net, rng)
+    opt = thor(net, "adaptive", Tensor(0.3), 0.9, batch_size=8, frequency=FREQUENCY)
+    before = param_values(net)
+    cell = nn.TrainOneStepCell(_loss_net(net), opt).set_train()
+    (x, y), = mlp_batches(rng, 1, batch=8)
+    with pytest.raises(RuntimeError, match=re.escape(UNBOUND_MESSAGE[:UNBOUND_MESSAGE.index(":")])):
+        cell(Tensor(x), Tensor(y))
+    after = param_values(net)
+    for name, value in before.items():
+        np.testing.assert_array_equal(after[name], value, err_msg=name)
+    assert not any(np.any(moment.asnumpy()) for moment in opt.moments)
+    assert checks.value(opt.quadratic_step.calibration) == 1.0
 
 
 def test_momentum_argument_is_not_used(mode, rng):
@@ -163,7 +273,7 @@ def test_momentum_argument_is_not_used(mode, rng):
     for momentum in (0.0, 0.9):
         net = MLP()
         init_params(net, np.random.default_rng(5))
-        cell = train_cell(net, thor(net, "adaptive", Tensor(0.3), momentum, batch_size=8, frequency=FREQUENCY))
+        cell = _train_cell(net, thor(net, "adaptive", Tensor(0.3), momentum, batch_size=8, frequency=FREQUENCY))
         for _ in range(3):
             cell(Tensor(x), Tensor(y))
         runs.append(param_values(net))
@@ -175,7 +285,8 @@ def _loss_after_one_step(rng, learning_rate):
     net = MLP()
     init_params(net, np.random.default_rng(9))
     (x, y), = mlp_batches(np.random.default_rng(10), 1, batch=8)
-    cell = train_cell(net, thor(net, learning_rate, Tensor(0.3), 0.0, batch_size=8, frequency=FREQUENCY))
+    opt = thor(net, learning_rate, Tensor(0.3), 0.0, batch_size=8, frequency=FREQUENCY)
+    cell = _train_cell(net, opt) if learning_rate == "adaptive" else train_cell(net, opt)
     before = float(cell(Tensor(x), Tensor(y)).asnumpy())
     after = float(_loss_net(net)(Tensor(x), Tensor(y)).asnumpy())
     return before, after
@@ -246,6 +357,7 @@ def test_default_path_is_the_scheduled_optimizer():
     from ms_optim._thor.adaptive_lr import AdaptiveLrThorOptimizer
     from ms_optim._thor.optimizer import ThorOptimizer
 
+    assert adaptive_lr.solve_coefficients is solve_coefficients  # the solve, re-exported where the step lives
     scheduled = thor(MLP(), Tensor(0.1), Tensor(0.03), 0.9)
     assert type(scheduled) is ThorOptimizer and not scheduled.config.adaptive_lr
     adaptive = thor(MLP(), "adaptive", Tensor(0.03), 0.9)
