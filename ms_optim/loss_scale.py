@@ -50,7 +50,7 @@ from mindspore.amp import DynamicLossScaleManager
 from mindspore.train import amp as _ms_amp
 
 from ms_optim._loss_scale_checks import check_loss_scale_at_step, check_loss_scale_manager, check_scale_sense
-from ms_optim._thor.probe import loss_probe_for
+from ms_optim._thor.probe import TrainOneStepCell, loss_probe_for, needs_probe
 
 __all__ = ["TrainOneStepWithLossScaleCell", "build_train_network"]
 
@@ -187,7 +187,9 @@ def build_train_network(network, optimizer, loss_fn=None, level="O0", boost_leve
     ``loss_scale_manager`` keyword, else the level's default: ``DynamicLossScaleManager()`` for ``"O2"``)
     can skip overflowing steps, MindSpore raises ValueError; here MindSpore's function prepares the network
     and loss (mixed precision, loss cell) without a manager, and the result is this module's
-    :class:`TrainOneStepWithLossScaleCell` with the manager's update cell. Everything else is MindSpore's.
+    :class:`TrainOneStepWithLossScaleCell` with the manager's update cell. For a THOR optimizer with
+    ``learning_rate`` or ``damping`` "adaptive", a plain training step is ms_optim's ``TrainOneStepCell``
+    (MindSpore's, plus the extra forward pass that optimizer needs). Everything else is MindSpore's.
 
     Raises:
         TypeError, ValueError: a ``loss_scale_manager`` whose loss scale (or a dynamic manager's
@@ -202,7 +204,8 @@ def build_train_network(network, optimizer, loss_fn=None, level="O0", boost_leve
     check_loss_scale_manager(manager)
     on_cpu = context.get_context("device_target") == "CPU" and not context.get_context("enable_ge")
     if not (on_cpu and _skips_overflow(manager)):
-        return _MINDSPORE_BUILD_TRAIN_NETWORK(network, optimizer, loss_fn, level, boost_level, **kwargs)
+        built = _MINDSPORE_BUILD_TRAIN_NETWORK(network, optimizer, loss_fn, level, boost_level, **kwargs)
+        return _with_probe(built, optimizer)
     plain = _MINDSPORE_BUILD_TRAIN_NETWORK(network, optimizer, loss_fn, level, boost_level,
                                            **dict(kwargs, loss_scale_manager=None))
     if type(plain) is not nn.TrainOneStepCell:  # pylint: disable=unidiomatic-typecheck
@@ -212,3 +215,12 @@ def build_train_network(network, optimizer, loss_fn=None, level="O0", boost_leve
                          f"pipeline stages or gradient accumulation).")
     return TrainOneStepWithLossScaleCell(plain.network, optimizer,
                                          scale_sense=manager.get_update_cell()).set_train()
+
+
+def _with_probe(built, optimizer):
+    """``built``, or for an adaptive THOR (``learning_rate`` or ``damping`` "adaptive") built as MindSpore's
+    plain ``nn.TrainOneStepCell``: ms_optim's ``TrainOneStepCell`` on the same network and sens, which runs
+    the extra forward pass that optimizer needs (MindSpore's cell would be refused when the step compiles)."""
+    if type(built) is not nn.TrainOneStepCell or not needs_probe(optimizer):  # pylint: disable=unidiomatic-typecheck
+        return built
+    return TrainOneStepCell(built.network, optimizer, sens=built.sens).set_train()

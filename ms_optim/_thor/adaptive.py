@@ -53,6 +53,7 @@ from mindspore.ops import functional as F
 
 from ms_optim._thor.config import ThorConfig
 from ms_optim._thor.parallel import sum_allreduce
+from ms_optim._thor.probe import unbound_message
 from ms_optim._thor.quad_model import model_term, predicted_change
 from ms_optim._thor.trace import factor_trace
 
@@ -74,11 +75,7 @@ FALLBACK_DAMPING = 0.03
 #: the ratio recorded when (L1 - L0) / q is not finite
 FAILED_RATIO = -100.0
 
-UNBOUND_MESSAGE = (f"For '{_NAME}', damping='adaptive' needs the loss after each adapted step on the same "
-                   f"batch, which the training cell computes: step it with ms_optim.nn.TrainOneStepCell or "
-                   f"ms_optim.nn.TrainOneStepWithLossScaleCell (MindSpore's arguments), or a ModelThor "
-                   f"(ms_optim.train_thor.ConvertModelUtils.convert_to_thor_model), not with MindSpore's own "
-                   f"TrainOneStepCell or Model, which never run that forward pass.")
+UNBOUND_MESSAGE = unbound_message("damping='adaptive'", "the loss after each adapted step")
 
 
 def adaptation_factor(adapt_every: int) -> float:

@@ -106,6 +106,7 @@ from ms_optim._thor.adaptive import FAILED_RATIO
 from ms_optim._thor.config import ThorConfig
 from ms_optim._thor.optimizer import ThorOptimizer
 from ms_optim._thor.parallel import sum_allreduce
+from ms_optim._thor.probe import unbound_message
 from ms_optim._thor.quad_model import DEGENERATE, model_system, quadratic, solve_coefficients, system_terms
 from ms_optim._thor.update import apply_decay, clip_to_unit_norm
 
@@ -121,11 +122,7 @@ FAILED_GROWTH = 10.0
 #: the calibration falls at most by this factor per step (the final step is at most about twice the trial)
 MAX_FALL = 0.5
 
-UNBOUND_MESSAGE = ("For 'thor', learning_rate='adaptive' measures the loss at a trial point on each step's "
-                   "batch, which the training cell computes: step it with ms_optim.nn.TrainOneStepCell or "
-                   "ms_optim.nn.TrainOneStepWithLossScaleCell (MindSpore's arguments), or a ModelThor "
-                   "(ms_optim.train_thor.ConvertModelUtils.convert_to_thor_model), not with MindSpore's own "
-                   "TrainOneStepCell or Model, which never run that forward pass.")
+UNBOUND_MESSAGE = unbound_message("learning_rate='adaptive'", "the loss at a trial point of each step")
 
 #: ``hyper_map(F.partial(take_trial, a0, b0), directions, weights, previous, stored)``: ``x = -u`` stored,
 #: ``w += a0 x + b0 y``

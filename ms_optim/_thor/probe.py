@@ -25,12 +25,22 @@ optimizer's step refuses to compile (RuntimeError): a plain ``nn.TrainOneStepCel
 """
 from __future__ import annotations
 
-from typing import Optional
+from typing import Optional, Tuple
 
 from mindspore import nn, ops
 from mindspore.ops import functional as F
 
-__all__ = ["LossProbe", "loss_probe_for", "TrainOneStepCell"]
+__all__ = ["LossProbe", "loss_probe_for", "needs_probe", "unbound_message", "TrainOneStepCell"]
+
+
+def unbound_message(argument: str, what: str) -> str:
+    """The RuntimeError of an adaptive THOR stepped by a training cell without the probe: ``argument`` (e.g.
+    ``"damping='adaptive'"``) needs ``what`` (the loss it measures), which only these cells compute."""
+    return (f"For 'thor', {argument} needs {what} on the same batch, which the training cell computes: step "
+            f"it with ms_optim.nn.TrainOneStepCell or ms_optim.nn.TrainOneStepWithLossScaleCell (MindSpore's "
+            f"arguments), a ModelThor (ms_optim.train_thor.ConvertModelUtils.convert_to_thor_model) or "
+            f"MindSpore's Model under ms_optim.use(); MindSpore's own TrainOneStepCell, and its Model "
+            f"without use(), never run that forward pass.")
 
 
 class LossProbe(nn.Cell):
@@ -66,18 +76,29 @@ class LossProbe(nn.Cell):
         return loss
 
 
+def _needs(optimizer) -> Tuple[bool, bool]:
+    """Whether ``optimizer``'s learning rate (``quadratic_step``) and its damping rule need the extra pass."""
+    rule = getattr(optimizer, "damping_rule", None)
+    return (getattr(optimizer, "quadratic_step", None) is not None,
+            rule is not None and bool(getattr(rule, "needs_probe", False)))
+
+
+def needs_probe(optimizer) -> bool:
+    """Whether ``optimizer`` must be stepped by a training cell that runs :class:`LossProbe` (a THOR with
+    ``learning_rate`` or ``damping`` "adaptive")."""
+    return any(_needs(optimizer))
+
+
 def loss_probe_for(network: nn.Cell, optimizer) -> Optional[LossProbe]:
     """A :class:`LossProbe` when ``optimizer`` needs the extra pass (``learning_rate="adaptive"``, or a
     damping rule that needs it; both are then bound), else None."""
-    rule = getattr(optimizer, "damping_rule", None)
-    quadratic = getattr(optimizer, "quadratic_step", None)
-    needs_rule = rule is not None and getattr(rule, "needs_probe", False)
-    if quadratic is None and not needs_rule:
+    for_lr, for_rule = _needs(optimizer)
+    if not (for_lr or for_rule):
         return None
-    if needs_rule:
-        rule.bind()
-    if quadratic is not None:
-        quadratic.bind()
+    if for_rule:
+        optimizer.damping_rule.bind()
+    if for_lr:
+        optimizer.quadratic_step.bind()
     return LossProbe(network, optimizer)
 
 

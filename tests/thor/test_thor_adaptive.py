@@ -182,3 +182,41 @@ def test_defaults():
     assert rule.adapt_every == 5 and opt.damping is rule.value
     scheduled = thor(MLP(), Tensor(0.1), Tensor(0.03), 0.9)
     assert scheduled.config.adapt_every is None and not scheduled.damping_rule.needs_probe
+
+
+def _model_run(use_ms_optim: bool, steps: int = 4):
+    """Adaptive lr and damping stepped ``steps`` times by MindSpore's ``Model`` (plain ``train``), under
+    ``ms_optim.use()`` or not; returns (parameters, optimizer)."""
+    import ms_optim
+
+    net = MLP()
+    init_params(net, np.random.default_rng(21))
+    (x, y), = mlp_batches(np.random.default_rng(22), 1, batch=64)
+    opt = thor(net, "adaptive", "adaptive", 0.9, batch_size=64, frequency=3, adapt_every=2)
+    loss = nn.SoftmaxCrossEntropyWithLogits(sparse=True, reduction="mean")
+    data = labelled_batches(np.tile(x, (steps, 1)), np.tile(y, steps), 64)
+    if use_ms_optim:
+        with ms_optim.use(verbose=False):
+            ms.train.Model(net, loss_fn=loss, optimizer=opt).train(1, data, dataset_sink_mode=False)
+    else:
+        ms.train.Model(net, loss_fn=loss, optimizer=opt).train(1, data, dataset_sink_mode=False)
+    return param_values(net), opt
+
+
+def test_mindspore_model_under_use_steps_adaptive_thor_as_ms_optim_cell(mode):
+    """Under ``ms_optim.use()`` MindSpore's ``Model`` builds ms_optim's TrainOneStepCell for an adaptive THOR
+    (the trial's forward pass): the same parameters as stepping that cell by hand; without ``use()`` the
+    step is refused."""
+    got, opt = _model_run(True)
+    net = MLP()
+    init_params(net, np.random.default_rng(21))
+    (x, y), = mlp_batches(np.random.default_rng(22), 1, batch=64)
+    mine = thor(net, "adaptive", "adaptive", 0.9, batch_size=64, frequency=3, adapt_every=2)
+    cell = ms_nn.TrainOneStepCell(_loss_net(net), mine).set_train()
+    for _ in range(4):
+        cell(Tensor(x), Tensor(y))
+    for name, value in param_values(net).items():
+        np.testing.assert_allclose(got[name], value, rtol=1e-6, atol=1e-7, err_msg=name)
+    assert float(opt.quadratic_step.calibration.asnumpy()) != 1.0  # the trial was measured
+    with pytest.raises(RuntimeError, match="which the training cell computes"):
+        _model_run(False)

@@ -363,3 +363,4 @@ def test_default_path_is_the_scheduled_optimizer():
     adaptive = thor(MLP(), "adaptive", Tensor(0.03), 0.9)
     assert type(adaptive) is AdaptiveLrThorOptimizer and adaptive.config.learning_rate is None
     assert float(adaptive.get_lr().asnumpy()) == 0.0
+
