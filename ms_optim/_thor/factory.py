@@ -183,7 +183,17 @@ def thor(net, learning_rate, damping, momentum, weight_decay=0.0, loss_scale=1.0
         ValueError (at run time): If the step runs past the end of a `learning_rate` or `damping` Tensor.
         RuntimeError (when the step is compiled): If `learning_rate` or `damping` is 'adaptive' and the
             optimizer is stepped by a cell that does not run the extra forward pass (MindSpore's own
-            ``nn.TrainOneStepCell`` or ``Model``).
+            ``nn.TrainOneStepCell``, or ``Model`` without ``ms_optim.use()``).
+
+    Examples:
+        >>> import mindspore as ms
+        >>> from ms_optim import nn
+        >>> net = nn.SequentialCell([nn.Dense(4, 3)])
+        >>> opt = nn.thor(net, ms.Tensor(0.1), ms.Tensor(0.03), 0.9, batch_size=8, frequency=10)
+        >>> type(net[0]).__name__, opt.get_frequency()
+        ('DenseThor', 10)
+        >>> recipe_free = nn.thor(nn.SequentialCell([nn.Dense(4, 3)]), "adaptive", "adaptive", 0.9)
+        >>> step = nn.TrainOneStepCell(nn.WithLossCell(net, nn.MSELoss()), opt)  # ms_optim's cell
     """
     config = validate_thor(net, learning_rate, damping, momentum, weight_decay, loss_scale, batch_size,
                            use_nesterov, decay_filter, split_indices, enable_clip_grad, frequency,
