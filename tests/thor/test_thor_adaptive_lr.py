@@ -41,6 +41,8 @@ def _keep(name):
 CASES = {
     "mlp": (MLP, MLPRef(), dict(weight_decay=1e-3), dict(weight_decay=1e-3)),
     "mlp_kl_clip": (MLP, MLPRef(), dict(kl_clip=0.05), dict(kl_clip=0.05)),
+    # the trace rule (thresholds 0: every layer's factors count as changed, so it inverts as the schedule)
+    "mlp_trace_rule_at_zero": (MLP, MLPRef(), dict(trace_thresholds=0.0), dict()),
     "mlp_clip_grad_full": (MLP, MLPRef(), dict(enable_clip_grad=True, inverse="full"),
                            dict(enable_clip_grad=True, block_size=None)),
     "embedding_layernorm": (EmbedNet, EmbedRef(1e-7), dict(weight_decay=5e-3, decay_filter=lambda p: _keep(p.name)),
