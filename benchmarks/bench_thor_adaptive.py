@@ -19,7 +19,8 @@ Runs per task, every one with ``ms_optim.nn.TrainOneStepCell``, momentum 0.9 and
 
 * ``adaptive``: ``thor(net, "adaptive", "adaptive", 0.9, frequency=--frequency)``, every other setting at
   its default. ``--adaptive`` names what is adaptive: ``damping,lr`` (the default: ``learning_rate=
-  "adaptive"`` too) or ``damping`` (lr then ``--adaptive-lr``, constant).
+  "adaptive"`` too), ``damping`` (lr then ``--adaptive-lr``, constant) or ``lr`` (damping then
+  ``--adaptive-damping``, constant).
 * ``recipe``: THOR with the model zoo's recipe for that model, its lr and damping schedules spread over the
   run: LeNet ``model_zoo/lenet`` (tuned lr, damping 0.01, weight decay 1e-4, per-tensor clipping, lr decayed
   to 0), ResNet ``configs/resnet18_cifar10_thor.yaml`` (MindSpore's ImageNet THOR settings: lr 0.05 decay
@@ -54,6 +55,8 @@ a conv net: a few minutes per run on 2 cores);
     nice python benchmarks/bench_thor_adaptive.py                          # the full benchmark
     python benchmarks/bench_thor_adaptive.py --quick --tasks lenet         # smoke run
     nice python benchmarks/bench_thor_adaptive.py --adaptive damping       # a constant learning rate
+    python benchmarks/bench_thor_adaptive.py --tasks bert --adaptive lr --out benchmarks/results/x
+                                                          # adaptive lr, damping constant (--adaptive-damping)
 """
 from __future__ import annotations
 
@@ -81,8 +84,8 @@ POINT = 0.01  # "within 1 point" of a figure in [0, 1]
 
 def _adaptive(text: str) -> List[str]:
     names = [x.strip() for x in text.split(",") if x.strip()]
-    if not names or any(n not in ADAPTIVE for n in names) or "damping" not in names:
-        raise argparse.ArgumentTypeError(f"must be 'damping' or 'damping,lr', got {text!r}")
+    if not names or any(n not in ADAPTIVE for n in names) or len(set(names)) != len(names):
+        raise argparse.ArgumentTypeError(f"must be 'damping,lr', 'damping' or 'lr', got {text!r}")
     return names
 
 
@@ -92,9 +95,12 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     add = parser.add_argument
     add("--tasks", default=",".join(TASKS), help=f"comma list of {','.join(TASKS)} (default all)")
     add("--adaptive", type=_adaptive, default=["damping", "lr"],
-        help="what adaptive THOR adapts: 'damping,lr' (default: learning_rate='adaptive' too) or 'damping'")
+        help="what adaptive THOR adapts: 'damping,lr' (default: learning_rate='adaptive' too), 'damping' or "
+        "'lr' (learning_rate='adaptive' with a constant damping)")
     add("--adaptive-lr", type=float, default=0.1,
         help="adaptive THOR's constant lr without 'lr' (default 0.1)")
+    add("--adaptive-damping", type=float, default=0.01,
+        help="adaptive THOR's constant damping without 'damping' (default 0.01)")
     add("--lrs", type=_floats, default=[0.01, 0.03, 0.1], help="lr grid of THOR, Momentum, Lamb (default "
         "0.01,0.03,0.1)")
     add("--dampings", type=_floats, default=[0.01, 0.1], help="THOR damping grid (default 0.01,0.1)")
@@ -114,8 +120,9 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     args.tasks = [t.strip() for t in args.tasks.split(",") if t.strip()]
     if not args.tasks or any(t not in TASKS for t in args.tasks):
         parser.error(f"--tasks must be a comma list of {','.join(TASKS)}, got {args.tasks}")
-    if not args.lrs or not args.dampings or min(args.lrs + args.dampings + [args.adaptive_lr]) <= 0:
-        parser.error("--lrs, --dampings and --adaptive-lr need values > 0")
+    if not args.lrs or not args.dampings or min(args.lrs + args.dampings
+                                                 + [args.adaptive_lr, args.adaptive_damping]) <= 0:
+        parser.error("--lrs, --dampings, --adaptive-lr and --adaptive-damping need values > 0")
     if min(args.lenet_epochs, args.resnet_width, args.resnet_epochs, args.bert_epochs, args.eval_every) < 1 \
             or args.frequency < 2 or args.resnet_images < 32:
         parser.error("epochs, --resnet-width and --eval-every must be >= 1, --frequency >= 2, "
@@ -140,7 +147,8 @@ def _optimizer(kind: str, lr, damping, task, net_with_loss, args):
 
     if kind == "adaptive":
         lr_arg = "adaptive" if "lr" in args.adaptive else Tensor(np.float32(lr))
-        return ms_nn.thor(net_with_loss, lr_arg, "adaptive", 0.9, batch_size=task["batch"],
+        damping_arg = "adaptive" if "damping" in args.adaptive else Tensor(np.float32(args.adaptive_damping))
+        return ms_nn.thor(net_with_loss, lr_arg, damping_arg, 0.9, batch_size=task["batch"],
                           frequency=args.frequency), 1.0
     if kind == "recipe":
         return recipe_optimizer(task, net_with_loss, args.frequency)
@@ -318,7 +326,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     wall = time.perf_counter()
     for name in args.tasks:
         task = build_task(name, args)
-        plan = [("adaptive", args.adaptive_lr, "adaptive"), ("recipe", None, None)]
+        plan = [("adaptive", "adaptive" if "lr" in args.adaptive else args.adaptive_lr,
+                 "adaptive" if "damping" in args.adaptive else args.adaptive_damping), ("recipe", None, None)]
         plan += [("thor", lr, d) for lr in args.lrs for d in args.dampings]
         plan += [(kind, lr, None) for kind in task["baselines"] for lr in args.lrs]
         for kind, lr, damping in plan:

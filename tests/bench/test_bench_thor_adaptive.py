@@ -39,6 +39,6 @@ def test_bench_thor_adaptive_help_and_bad_options():
     for text in ("--adaptive", "--lrs", "--dampings", "--quick", "--tasks", "time to target",
                  "--resnet-width", "target 0.90"):
         assert text in run.stdout
-    for bad, option in ((["--adaptive", "lr"], "--adaptive"), (["--tasks", "vgg"], "--tasks")):
+    for bad, option in ((["--adaptive", "lr,lr"], "--adaptive"), (["--tasks", "vgg"], "--tasks")):
         refused = subprocess.run([sys.executable, SCRIPT, *bad], capture_output=True, text=True, timeout=120)
         assert refused.returncode == 2 and option in refused.stderr
