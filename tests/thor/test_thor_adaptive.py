@@ -220,3 +220,37 @@ def test_mindspore_model_under_use_steps_adaptive_thor_as_ms_optim_cell(mode):
     assert float(opt.quadratic_step.calibration.asnumpy()) != 1.0  # the trial was measured
     with pytest.raises(RuntimeError, match="which the training cell computes"):
         _model_run(False)
+
+
+def _adaptive_cell(seed: int = 31):
+    net = MLP()
+    init_params(net, np.random.default_rng(seed))
+    opt = thor(net, "adaptive", "adaptive", 0.9, batch_size=64, frequency=3, adapt_every=2)
+    return net, opt, ms_nn.TrainOneStepCell(_loss_net(net), opt).set_train()
+
+
+def test_checkpoint_resume_continues_adaptive_thor_identically(mode, tmp_path):
+    """Every piece of adaptive state (the damping, the calibration, the previous update, the stored factors
+    and inverses, the step) is in the training cell's checkpoint: 3 steps, save, load into a fresh cell,
+    3 more steps give the uninterrupted run's parameters and state."""
+    batches = [mlp_batches(np.random.default_rng(40 + i), 1, batch=64)[0] for i in range(6)]
+    net, opt, cell = _adaptive_cell()
+    for x, y in batches:
+        cell(Tensor(x), Tensor(y))
+    first, first_opt, first_cell = _adaptive_cell()
+    for x, y in batches[:3]:
+        first_cell(Tensor(x), Tensor(y))
+    path = str(tmp_path / "adaptive.ckpt")
+    ms.save_checkpoint(first_cell, path)
+    resumed, resumed_opt, resumed_cell = _adaptive_cell(seed=99)  # other initial weights: all must be loaded
+    not_loaded, _ = ms.load_param_into_net(resumed_cell, ms.load_checkpoint(path))
+    assert not not_loaded, not_loaded
+    for x, y in batches[3:]:
+        resumed_cell(Tensor(x), Tensor(y))
+    for name, value in param_values(net).items():
+        np.testing.assert_array_equal(param_values(resumed)[name], value, err_msg=name)
+    for attr in ("calibration", "step_size", "momentum_coefficient"):
+        assert float(getattr(resumed_opt.quadratic_step, attr).asnumpy()) == float(
+            getattr(opt.quadratic_step, attr).asnumpy()), attr
+    assert float(resumed_opt.damping_rule.value.asnumpy()) == float(opt.damping_rule.value.asnumpy())
+    assert float(opt.quadratic_step.calibration.asnumpy()) != 1.0
