@@ -25,7 +25,10 @@ largest resident set seen. Cases run one after the other, never two children at 
     python benchmarks/bench_memory.py --cases resnet50:8       # one case (NET:BATCH[:IMAGE])
     python benchmarks/bench_memory.py --quick                  # smoke run: tiny ResNet-18, 32x32
     python benchmarks/bench_memory.py --cases resnet50:8 --float16 --float16-add mindspore   # then: float32
-Writes ``benchmarks/results/bench_memory[_quick][_float16[_add32]].json`` and the PNG of the same name.
+    python benchmarks/bench_memory.py --cases resnet50:8 --optimizers momentum,thor,thor_adaptive
+Writes ``benchmarks/results/bench_memory[_quick][_float16[_add32]][_adaptive].json`` and the PNG of the same
+name (``_adaptive`` when ``thor_adaptive``, ``thor(net, "adaptive", "adaptive", 0.9)``, is measured too:
+``adaptive_vs_thor_rss`` and its THOR and other steps against THOR's).
 
 ``--float16`` casts the net to float16 (``to_float``: what amp "O3" does, as the model-zoo ResNet trainer
 gives THOR); ``--float16-add float32`` has both children add float16 tensors through float32 first
@@ -56,7 +59,8 @@ from benchmarks._common import RESULTS_DIR, save_figure, write_json  # noqa: E40
 
 TARGETS = {"thor_vs_momentum_rss": 1.5, "thor_step_vs_momentum": 1.5}
 DEFAULT_CASES = "resnet50:8,resnet50:32,resnet18:32"
-OPTIMIZERS = ("momentum", "thor")
+OPTIMIZERS = ("momentum", "thor", "thor_adaptive")
+COLOURS = {"momentum": "#4C72B0", "thor": "#DD8452", "thor_adaptive": "#C44E52"}
 
 
 def parse_case(text: str, default_image: int) -> Dict:
@@ -92,15 +96,22 @@ def child_main(args: argparse.Namespace) -> None:
     y = Tensor(rng.integers(0, args.classes, size=(args.batch,)).astype(np.int32))
     loss = nn.SoftmaxCrossEntropyWithLogits(sparse=True, reduction="mean")
     steps = args.steps
+    cell_class = nn.TrainOneStepCell
     if args.optimizer == "thor":
         from ms_optim.nn import thor
 
         opt = thor(net, Tensor(np.full((steps,), 0.01, np.float32)), Tensor(np.full((steps,), 0.03, np.float32)),
                    0.9, weight_decay=1e-4, batch_size=args.batch, frequency=args.frequency)
+    elif args.optimizer == "thor_adaptive":  # no schedules; ms_optim's cell runs the trial's forward pass
+        from ms_optim.nn import TrainOneStepCell, thor
+
+        opt = thor(net, "adaptive", "adaptive", 0.9, weight_decay=1e-4, batch_size=args.batch,
+                   frequency=args.frequency)
+        cell_class = TrainOneStepCell
     else:
         opt = nn.Momentum(net.trainable_params(), Tensor(np.full((steps,), 0.01, np.float32)), 0.9,
                           weight_decay=1e-4)
-    train = nn.TrainOneStepCell(nn.WithLossCell(net, loss), opt)
+    train = cell_class(nn.WithLossCell(net, loss), opt)
     train.set_train(True)
     rss_built = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     print(f"PROGRESS built {rss_built / 1024 ** 2:.2f} GiB", flush=True)
@@ -173,7 +184,7 @@ def run_child(case: Dict, optimizer: str, args: argparse.Namespace) -> Dict:
                    "rss_after_compile_gb": data["rss_after_compile_kb"] / 1024 ** 2,
                    "rss_before_steps_gb": data["rss_before_steps_kb"] / 1024 ** 2, "step_ms": steps})
     later = list(enumerate(steps))[1:]  # step 0 compiles
-    if optimizer == "thor":
+    if optimizer in ("thor", "thor_adaptive"):
         thor_steps = [t for i, t in later if i % args.frequency == 0]
         other = [t for i, t in later if i % args.frequency != 0]
         record["thor_step_median_ms"] = statistics.median(thor_steps) if thor_steps else None
@@ -184,7 +195,8 @@ def run_child(case: Dict, optimizer: str, args: argparse.Namespace) -> Dict:
 
 
 def run_case(case: Dict, args: argparse.Namespace) -> Dict:
-    """Momentum then THOR (each its own process), with the ratios."""
+    """Each of ``--optimizers`` in its own process, with the ratios (THOR to Momentum, adaptive THOR to
+    THOR)."""
     result = dict(case)
     for optimizer in args.optimizers:
         record = run_child(case, optimizer, args)
@@ -207,6 +219,16 @@ def run_case(case: Dict, args: argparse.Namespace) -> Dict:
               f"(target <= {TARGETS['thor_vs_momentum_rss']}); THOR step / Momentum step "
               f"{result.get('thor_step_vs_momentum', float('nan')):.2f}x, non-THOR step "
               f"{result.get('non_thor_vs_momentum', float('nan')):.2f}x", flush=True)
+    adaptive = result.get("thor_adaptive")
+    if th and adaptive and not th["failed"] and not adaptive["failed"]:
+        result["adaptive_vs_thor_rss"] = adaptive["peak_rss_gb"] / th["peak_rss_gb"]
+        for key in ("thor_step", "non_thor"):
+            name = "thor_step_median_ms" if key == "thor_step" else "non_thor_median_ms"
+            if th[name] and adaptive[name]:
+                result[f"adaptive_{key}_vs_thor"] = adaptive[name] / th[name]
+        print(f"  -> adaptive THOR / THOR: peak RSS {result['adaptive_vs_thor_rss']:.2f}x; THOR step "
+              f"{result.get('adaptive_thor_step_vs_thor', float('nan')):.2f}x, non-THOR step "
+              f"{result.get('adaptive_non_thor_vs_thor', float('nan')):.2f}x", flush=True)
     return result
 
 
@@ -218,15 +240,16 @@ def plot(path: str, results: List[Dict], note: str = "") -> str:
 
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     fig, ax = plt.subplots(figsize=(max(5.0, 1.8 * len(results)), 3.8))
-    width = 0.38
-    for k, (optimizer, color) in enumerate((("momentum", "#4C72B0"), ("thor", "#DD8452"))):
+    shown = [name for name in OPTIMIZERS if any(name in res for res in results)]
+    width = 0.76 / len(shown)
+    for k, (optimizer, color) in enumerate((name, COLOURS[name]) for name in shown):
         for i, res in enumerate(results):
             rec = res.get(optimizer)
             if rec is None:
                 continue
             value = rec.get("peak_rss_gb", rec.get("max_rss_seen_gb", 0.0))
-            bar = ax.bar(i + (k - 0.5) * width, value, width, color=color, hatch="//" if rec["failed"] else None,
-                         label=optimizer if i == 0 else None)[0]
+            bar = ax.bar(i + (k - (len(shown) - 1) / 2) * width, value, width, color=color,
+                         hatch="//" if rec["failed"] else None, label=optimizer if i == 0 else None)[0]
             ax.annotate(f"{value:.2f}" + ("+" if rec["killed"] else ""),
                         (bar.get_x() + bar.get_width() / 2, value), ha="center", va="bottom", fontsize=8)
     ax.set_xticks(range(len(results)))
@@ -251,7 +274,9 @@ def main(argv: Optional[List[str]] = None) -> int:
     parser.add_argument("--max-rss-gb", type=float, default=18.0,
                         help="kill a child whose resident set passes this (default 18 GB)")
     parser.add_argument("--optimizers", default="momentum,thor",
-                        help="comma-separated subset of momentum,thor (default both; ratios need both)")
+                        help="comma-separated subset of momentum,thor,thor_adaptive (default momentum,thor; "
+                             "ratios need both of a pair; thor_adaptive: thor(net, 'adaptive', 'adaptive', 0.9) "
+                             "through ms_optim's TrainOneStepCell)")
     parser.add_argument("--no-release", dest="release", action="store_false",
                         help="do not return the compiler's freed memory to the system before the first step "
                              "(by default both optimizers do, as ModelThor does)")
@@ -273,7 +298,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         return 0
     args.optimizers = [name for name in args.optimizers.split(",") if name]
     if not args.optimizers or any(name not in OPTIMIZERS for name in args.optimizers):
-        parser.error(f"--optimizers must name momentum and/or thor, but got {args.optimizers}")
+        parser.error(f"--optimizers must name momentum, thor and/or thor_adaptive, but got {args.optimizers}")
     if args.quick:
         args.width, args.classes, args.steps = 8, 10, 3
         cases_text = args.cases or "resnet18:4:32"
@@ -289,6 +314,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         results.append(run_case(case, args))
     stem = ("bench_memory_quick" if args.quick else "bench_memory") + ("_float16" if args.float16 else "")
     stem += "_add32" if args.float16_add == "float32" else ""
+    stem += "_adaptive" if "thor_adaptive" in args.optimizers else ""
     payload = {"targets": TARGETS, "release_freed_memory": args.release, "float16": args.float16,
                "float16_add": args.float16_add,
                "steps": args.steps, "frequency": args.frequency, "width": args.width,

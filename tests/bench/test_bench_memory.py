@@ -48,3 +48,17 @@ def test_bench_memory_help_and_bad_case():
     assert "--no-release" in run.stdout and "--float16-add" in run.stdout
     run = subprocess.run([sys.executable, script, "--cases", "resnet50"], capture_output=True, text=True, timeout=120)
     assert run.returncode != 0 and "NET:BATCH" in run.stderr
+
+
+def test_bench_memory_quick_adaptive_thor(tmp_path):
+    """``--optimizers thor,thor_adaptive``: the recipe-free THOR measured beside THOR, with its ratios, in a file
+    of its own (the default run's results stay)."""
+    cmd = [sys.executable, os.path.join(REPO, "benchmarks", "bench_memory.py"), "--quick", "--optimizers",
+           "thor,thor_adaptive", "--out", str(tmp_path)]
+    run = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    case = json.loads((tmp_path / "bench_memory_quick_adaptive.json").read_text())["cases"][0]
+    assert "momentum" not in case and not case["thor_adaptive"]["failed"]
+    assert case["adaptive_vs_thor_rss"] > 0 and case["adaptive_non_thor_vs_thor"] > 0
+    assert (tmp_path / "bench_memory_quick_adaptive.png").stat().st_size > 0
+    assert not (tmp_path / "bench_memory_quick.json").exists()
