@@ -52,13 +52,13 @@ from mindspore import Parameter, Tensor, nn, ops
 from mindspore.ops import functional as F
 
 from ms_optim._thor.config import ThorConfig
-from ms_optim._thor.parallel import sum_allreduce
+from ms_optim._thor.parallel import RankMean
 from ms_optim._thor.probe import unbound_message
 from ms_optim._thor.quad_model import model_term, predicted_change
 from ms_optim._thor.trace import factor_trace
 
 __all__ = ["AdaptiveDamping", "LOWER_RATIO", "UPPER_RATIO", "DECAY_PER_STEP", "INITIAL_SCALE",
-           "FALLBACK_DAMPING", "FAILED_RATIO", "adaptation_factor"]
+           "FALLBACK_DAMPING", "FAILED_RATIO", "adaptation_factor", "scalar_parameter"]
 
 _NAME = "thor"
 #: below it the damping rises, above UPPER_RATIO it falls (Martens & Grosse's 1/4 and 3/4)
@@ -116,12 +116,12 @@ class AdaptiveDamping(nn.Cell):
         self.inverse_omega = Tensor(1.0 / omega, mstype.float32)
         self.one = Tensor(1.0, mstype.float32)
         self.failed = Tensor(FAILED_RATIO, mstype.float32)
-        self.value = _scalar_parameter(-1.0, "thor_damping")
-        self.inverted = _scalar_parameter(-1.0, "thor_inverted_damping")
-        self.curvature_scale = _scalar_parameter(config.loss_scale, "thor_curvature_loss_scale")
-        self.predicted = _scalar_parameter(0.0, "thor_predicted_change")
-        self.ratio = _scalar_parameter(0.0, "thor_reduction_ratio")
-        self.loss_change = _scalar_parameter(0.0, "thor_loss_change")
+        self.value = scalar_parameter(-1.0, "thor_damping")
+        self.inverted = scalar_parameter(-1.0, "thor_inverted_damping")
+        self.curvature_scale = scalar_parameter(config.loss_scale, "thor_curvature_loss_scale")
+        self.predicted = scalar_parameter(0.0, "thor_predicted_change")
+        self.ratio = scalar_parameter(0.0, "thor_reduction_ratio")
+        self.loss_change = scalar_parameter(0.0, "thor_loss_change")
         self.num_layers = len(layers)
         self.layer_a = tuple(layer.matrix_a_cov for layer in layers)
         self.layer_g = tuple(layer.matrix_g_cov for layer in layers)
@@ -131,10 +131,7 @@ class AdaptiveDamping(nn.Cell):
         self.treatments = treatments
         self.hyper_map = ops.HyperMap()
         self.batch_size = float(batch_size)
-        self.ranks = int(config.ranks)
-        if self.ranks > 1:
-            self.allreduce = sum_allreduce()
-            self.rank_mean = 1.0 / self.ranks
+        self.mean_over_ranks = RankMean(config.ranks)
 
     def bind(self) -> None:
         """Mark the rule as stepped by a training cell that runs the extra forward pass (``probe.py``)."""
@@ -145,12 +142,6 @@ class AdaptiveDamping(nn.Cell):
         in the optimizer's parameter order: what the quadratic model reads."""
         self.param_a = a_factors
         self.param_g = g_factors
-
-    def _mean_over_ranks(self, values):
-        """``values`` (a float32 vector) averaged over the data-parallel ranks; unchanged on one device."""
-        if self.ranks > 1:
-            return self.allreduce(values) * self.rank_mean
-        return values
 
     def _initial(self, anchor, factor_loss_scale):
         """The initial-damping heuristic (module docstring), from the factors this step's backward stored."""
@@ -168,7 +159,7 @@ class AdaptiveDamping(nn.Cell):
         guess = INITIAL_SCALE * ops.exp(log_sum / ops.maximum(count, self.one))
         guess = ops.select(count > 0, guess, FALLBACK_DAMPING * self.one)
         guess = ops.maximum(guess, FALLBACK_DAMPING * self.one)  # small factors must not mean a tiny damping
-        guess = ops.reshape(self._mean_over_ranks(ops.reshape(guess, (1,))), ())
+        guess = ops.reshape(self.mean_over_ranks(ops.reshape(guess, (1,))), ())
         return ops.minimum(ops.maximum(guess, self.low), self.high)
 
     def construct(self, step, anchor, factor_loss_scale):
@@ -212,7 +203,7 @@ class AdaptiveDamping(nn.Cell):
         damping (module docstring); returns the new damping."""
         values = ops.stack([ops.reshape(ops.cast(loss_before, mstype.float32), ()),
                             ops.reshape(ops.cast(loss_after, mstype.float32), ()), self.predicted * 1.0])
-        values = self._mean_over_ranks(values)
+        values = self.mean_over_ranks(values)
         change = values[1] - values[0]
         ratio = change / values[2]
         ratio = ops.select(ops.isfinite(ratio), ratio, self.failed)
@@ -231,7 +222,7 @@ class AdaptiveDamping(nn.Cell):
         return F.depend(damping, F.depend(ops.assign(self.value, damping), done))
 
 
-def _scalar_parameter(value: float, name: str) -> Parameter:
+def scalar_parameter(value: float, name: str) -> Parameter:
     """A float32 Parameter of shape () holding ``value``, not trained."""
     value = np.float32(value if math.isfinite(value) else 0.0)
     return Parameter(Tensor(value), name=name, requires_grad=False)

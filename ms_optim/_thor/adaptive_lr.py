@@ -102,10 +102,10 @@ from mindspore import Parameter, Tensor, nn, ops
 from mindspore.ops import composite as C
 from mindspore.ops import functional as F
 
-from ms_optim._thor.adaptive import FAILED_RATIO
+from ms_optim._thor.adaptive import FAILED_RATIO, scalar_parameter
 from ms_optim._thor.config import ThorConfig
 from ms_optim._thor.optimizer import ThorOptimizer
-from ms_optim._thor.parallel import sum_allreduce
+from ms_optim._thor.parallel import RankMean
 from ms_optim._thor.probe import unbound_message
 from ms_optim._thor.quad_model import DEGENERATE, model_system, quadratic, solve_coefficients, system_terms
 from ms_optim._thor.update import apply_decay, clip_to_unit_norm
@@ -152,10 +152,6 @@ def _take_final_tensor(a0, b0, alpha, beta, stored, weight, previous):
     return F.depend(True, ops.assign(previous, ops.cast(step, F.dtype(previous))))
 
 
-def _scalar(value: float, name: str) -> Parameter:
-    return Parameter(Tensor(np.float32(value)), name=name, requires_grad=False)
-
-
 class QuadraticStep(nn.Cell):
     """The trial, the measurement and the final step of ``learning_rate="adaptive"`` (module docstring).
 
@@ -189,31 +185,23 @@ class QuadraticStep(nn.Cell):
         self.weights = parameters
         self.previous = previous
         self.trial_directions = parameters.clone(prefix="thor_direction", init="zeros")
-        self.step_size = _scalar(0.0, "thor_step_size")
-        self.momentum_coefficient = _scalar(0.0, "thor_momentum_coefficient")
-        self.trial_step_size = _scalar(0.0, "thor_trial_step_size")
-        self.trial_momentum_coefficient = _scalar(0.0, "thor_trial_momentum_coefficient")
-        self.calibration = _scalar(1.0, "thor_curvature_calibration")
-        self.step_damping = _scalar(0.0, "thor_step_damping")
+        self.step_size = scalar_parameter(0.0, "thor_step_size")
+        self.momentum_coefficient = scalar_parameter(0.0, "thor_momentum_coefficient")
+        self.trial_step_size = scalar_parameter(0.0, "thor_trial_step_size")
+        self.trial_momentum_coefficient = scalar_parameter(0.0, "thor_trial_momentum_coefficient")
+        self.calibration = scalar_parameter(1.0, "thor_curvature_calibration")
+        self.step_damping = scalar_parameter(0.0, "thor_step_damping")
         self.system = Parameter(Tensor(np.zeros(13, np.float32)), name="thor_system", requires_grad=False)
-        self.curvature_scale = _scalar(config.loss_scale, "thor_step_curvature_loss_scale")
+        self.curvature_scale = scalar_parameter(config.loss_scale, "thor_step_curvature_loss_scale")
         self.adaptive_damping = bool(config.adaptive_damping)
         self.damping_rule = damping_rule
         self.global_step = global_step
         self.failed = Tensor(FAILED_RATIO, mstype.float32)
-        self.ranks = int(config.ranks)
-        if self.ranks > 1:
-            self.allreduce = sum_allreduce()
-            self.rank_mean = 1.0 / self.ranks
+        self.mean_over_ranks = RankMean(config.ranks)
 
     def bind(self) -> None:
         """Mark the step as run by a training cell that runs the probe (``probe.py``)."""
         self.bound = True
-
-    def _mean_over_ranks(self, values):
-        if self.ranks > 1:
-            return self.allreduce(values) * self.rank_mean
-        return values
 
     def construct(self, weights, gradients, directions, previous, damping, thor_step, factor_loss_scale):
         """The trial: the system, ``(a0, b0)`` with the last calibration, ``w += a0 x + b0 y``."""
@@ -226,7 +214,7 @@ class QuadraticStep(nn.Cell):
         terms = self.hyper_map(F.partial(system_terms, self.weight_decay, unscale, self.batch_size),
                                self.treatments, self.decay_flags, gradients, directions, previous, weights,
                                self.a_factors, self.g_factors)
-        system = self._mean_over_ranks(ops.reduce_sum(ops.stack(terms), 0))
+        system = self.mean_over_ranks(ops.reduce_sum(ops.stack(terms), 0))
         a0, b0 = solve_coefficients(model_system(system, self.calibration * 1.0, d, self.weight_decay),
                                     self.kl_clip)
         done = ops.assign(self.system, system)
@@ -243,7 +231,7 @@ class QuadraticStep(nn.Cell):
         ``alpha``."""
         losses = ops.stack([ops.reshape(ops.cast(loss_before, mstype.float32), ()),
                             ops.reshape(ops.cast(loss_after, mstype.float32), ())])
-        losses = self._mean_over_ranks(losses)
+        losses = self.mean_over_ranks(losses)
         system = self.system * 1.0
         a0, b0 = self.trial_step_size * 1.0, self.trial_momentum_coefficient * 1.0
         kappa, d = self.calibration * 1.0, self.step_damping * 1.0

@@ -36,7 +36,7 @@ from typing import List, Optional, Sequence
 from mindspore import context, nn, ops
 from mindspore.communication import get_group_size
 
-__all__ = ["FactorAllReduce", "data_parallel_group_size", "fusion_groups", "sum_allreduce",
+__all__ = ["FactorAllReduce", "RankMean", "data_parallel_group_size", "fusion_groups", "sum_allreduce",
            "grouped_sum_allreduces"]
 
 _DATA_PARALLEL_MODES = ("data_parallel", "hybrid_parallel")
@@ -68,6 +68,24 @@ def sum_allreduce(fusion: Optional[int] = None) -> ops.AllReduce:
     if fusion is not None:
         op.add_prim_attr("fusion", int(fusion))
     return op
+
+
+class RankMean(nn.Cell):
+    """``values`` (a Tensor) averaged over ``ranks`` data-parallel ranks with one summing all-reduce; the
+    identity on one rank (no collective is built). The adaptive rules' scalars go through it, so that every
+    rank decides alike."""
+
+    def __init__(self, ranks: int):
+        super().__init__(auto_prefix=False)
+        self.ranks = int(ranks)
+        if self.ranks > 1:
+            self.allreduce = sum_allreduce()
+            self.scale = 1.0 / self.ranks
+
+    def construct(self, values):
+        if self.ranks > 1:
+            return self.allreduce(values) * self.scale
+        return values
 
 
 def grouped_sum_allreduces(num_layers: int, split_indices: Optional[Sequence[int]], fusion_base: int) -> List:
