@@ -14,12 +14,17 @@ import platform
 import statistics
 import sys
 import time
-from typing import Any, Callable, Dict, Iterable, Mapping, Optional, Sequence
+from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Sequence
 
-__all__ = ["sync", "set_thor_state", "interleaved_medians", "copy_floor", "machine_info", "write_json", "bar_plot",
-           "RESULTS_DIR"]
+__all__ = ["float_list", "sync", "set_thor_state", "interleaved_medians", "copy_floor", "machine_info", "write_json",
+           "bar_plot", "RESULTS_DIR"]
 
 RESULTS_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
+
+
+def float_list(text: str) -> List[float]:
+    """``"0.01,0.1"`` -> ``[0.01, 0.1]``: a comma-separated command-line list of numbers."""
+    return [float(x) for x in text.split(",") if x.strip()]
 
 
 def sync() -> None:

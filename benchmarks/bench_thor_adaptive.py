@@ -75,8 +75,7 @@ if not __package__:
     sys.path.insert(0, os.path.dirname(_HERE))
 
 from benchmarks._adaptive_tasks import TARGETS, TASKS, build_task, recipe_optimizer  # noqa: E402
-from benchmarks._common import RESULTS_DIR, save_figure, write_json  # noqa: E402
-from benchmarks.bench_thor_robust import _floats  # noqa: E402
+from benchmarks._common import RESULTS_DIR, float_list, save_figure, write_json  # noqa: E402
 
 ADAPTIVE = ("damping", "lr")
 POINT = 0.01  # "within 1 point" of a figure in [0, 1]
@@ -101,9 +100,9 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
         help="adaptive THOR's constant lr without 'lr' (default 0.1)")
     add("--adaptive-damping", type=float, default=0.01,
         help="adaptive THOR's constant damping without 'damping' (default 0.01)")
-    add("--lrs", type=_floats, default=[0.01, 0.03, 0.1], help="lr grid of THOR, Momentum, Lamb (default "
+    add("--lrs", type=float_list, default=[0.01, 0.03, 0.1], help="lr grid of THOR, Momentum, Lamb (default "
         "0.01,0.03,0.1)")
-    add("--dampings", type=_floats, default=[0.01, 0.1], help="THOR damping grid (default 0.01,0.1)")
+    add("--dampings", type=float_list, default=[0.01, 0.1], help="THOR damping grid (default 0.01,0.1)")
     add("--frequency", type=int, default=10, help="THOR frequency of every THOR run (default 10)")
     add("--lenet-epochs", type=int, default=3, help="LeNet epochs of 44 steps (default 3)")
     add("--resnet-width", type=int, default=8, help="ResNet-18 first-stage width (default 8)")

@@ -41,13 +41,9 @@ if not __package__:
         del sys.path[0]
     sys.path.insert(0, os.path.dirname(_HERE))
 
-from benchmarks._common import RESULTS_DIR, save_figure, write_json  # noqa: E402
+from benchmarks._common import RESULTS_DIR, float_list, save_figure, write_json  # noqa: E402
 
 MODELS = ("lenet", "resnet")
-
-
-def _floats(text: str) -> List[float]:
-    return [float(x) for x in text.split(",") if x.strip()]
 
 
 def _ints(text: str) -> List[int]:
@@ -62,8 +58,8 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0],
                                      formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     parser.add_argument("--models", default="lenet,resnet", help="comma-separated subset of " + ",".join(MODELS))
-    parser.add_argument("--lrs", type=_floats, default=[0.01, 0.03, 0.1], help="learning rates (comma-separated)")
-    parser.add_argument("--dampings", type=_floats, default=[0.01, 0.03, 0.1], help="dampings (comma-separated)")
+    parser.add_argument("--lrs", type=float_list, default=[0.01, 0.03, 0.1], help="learning rates (comma-separated)")
+    parser.add_argument("--dampings", type=float_list, default=[0.01, 0.03, 0.1], help="dampings (comma-separated)")
     parser.add_argument("--frequencies", type=_ints, default=[10, 50], help="THOR frequencies (comma-separated)")
     parser.add_argument("--kl-clips", type=_kl_clips, default=[None, 1e-3],
                         help="kl_clip values, 'none' for no clipping (comma-separated)")
