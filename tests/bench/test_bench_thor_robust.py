@@ -16,7 +16,7 @@ pytestmark = pytest.mark.bench
 def test_bench_thor_robust_one_cell(tmp_path):
     out = tmp_path / "robust"
     cmd = [sys.executable, SCRIPT, "--models", "lenet", "--lenet-epochs", "1", "--lrs", "0.03", "--dampings", "0.03",
-           "--frequencies", "10", "--kl-clips", "1e-3", "--out", str(out)]
+           "--frequencies", "10", "--kl-clips", "1e-3", "--conventions", "kfc", "--out", str(out)]
     run = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
     result = json.loads((tmp_path / "robust.json").read_text())
