@@ -19,7 +19,6 @@ Usage: python adaptive_worker.py --out DIR [--single]
 """
 from __future__ import annotations
 
-import argparse
 import os
 import sys
 
@@ -29,7 +28,15 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 import mindspore as ms  # noqa: E402
 from mindspore import Tensor, nn  # noqa: E402
-from worker import GLOBAL_BATCH, SmallNet, global_batches, init_ranks  # noqa: E402
+from worker import (  # noqa: E402
+    BOTH_MODES,
+    GLOBAL_BATCH,
+    SmallNet,
+    global_batches,
+    save_state,
+    start_worker,
+    trained_state,  # noqa: E402
+)
 
 STEPS = 6
 #: run -> (learning_rate, damping): "adaptive" or a constant Tensor's value
@@ -74,28 +81,19 @@ def run(name: str, data: str, rank: int, local: int):
             history["__alphas__"].append(float(opt.quadratic_step.step_size.asnumpy()))
             history["__betas__"].append(float(opt.quadratic_step.momentum_coefficient.asnumpy()))
             history["__kappas__"].append(float(opt.quadratic_step.calibration.asnumpy()))
-    state = {p.name: p.asnumpy() for p in net.get_parameters()}
-    state.update({p.name: p.asnumpy() for p in opt.get_parameters()})
+    state = trained_state(net, opt)
     state.update({key: np.array(values) for key, values in history.items()})
     return state
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", required=True)
-    parser.add_argument("--single", action="store_true", help="one process on the concatenated batch")
-    args = parser.parse_args()
-    ms.set_context(device_target="CPU")
-    rank, size = init_ranks(args.single)
+    args, rank, size = start_worker(__doc__.splitlines()[0])
     local = GLOBAL_BATCH // size
-    for mode_name, mode in (("graph", ms.GRAPH_MODE), ("pynative", ms.PYNATIVE_MODE)):
+    for mode_name, mode in BOTH_MODES:
         ms.set_context(mode=mode)
         for name in RUNS:
             for data in DATA:
-                state = run(name, data, rank, local)
-                tag = f"{name}_{data}_{mode_name}"
-                np.savez(os.path.join(args.out, f"{tag}_single.npz" if args.single else f"{tag}_rank{rank}.npz"),
-                         **state)
+                save_state(args, rank, f"{name}_{data}_{mode_name}", run(name, data, rank, local))
     print(f"adaptive worker rank {rank}/{size} done")
 
 

@@ -13,7 +13,6 @@ Usage: python loss_scale_worker.py --out DIR [--single]
 """
 from __future__ import annotations
 
-import argparse
 import os
 import sys
 
@@ -26,7 +25,7 @@ sys.path.insert(0, os.path.dirname(HERE))  # tests/: support
 
 import mindspore as ms  # noqa: E402
 from mindspore import Tensor, nn  # noqa: E402
-from worker import init_ranks  # noqa: E402  (tests/distributed/worker.py)
+from worker import BOTH_MODES, save_state, start_worker, trained_state  # noqa: E402  (tests/distributed/worker.py)
 
 import ms_optim  # noqa: E402
 
@@ -61,16 +60,11 @@ def build(kind: str):
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", required=True)
-    parser.add_argument("--single", action="store_true", help="one process on the concatenated batch")
-    args = parser.parse_args()
-    ms.set_context(device_target="CPU")
-    rank, size = init_ranks(args.single)
+    args, rank, size = start_worker(__doc__.splitlines()[0])
     local = GLOBAL_BATCH // size
     xs, ys = batches()
     ms_optim.use(verbose=False)  # as `python -m ms_optim.run` does before the script runs
-    for mode_name, mode in (("graph", ms.GRAPH_MODE), ("pynative", ms.PYNATIVE_MODE)):
+    for mode_name, mode in BOTH_MODES:
         ms.set_context(mode=mode)
         for kind in KINDS:
             net, opt, cell = build(kind)
@@ -82,12 +76,10 @@ def main() -> None:
                 scale = cell.loss_scale if kind == "bert" else cell.scale_sense
                 scales.append(float(scale.asnumpy()))
                 overflows.append(bool(out[1].asnumpy()) if kind == "bert" else False)
-            state = {p.name: p.asnumpy() for p in net.get_parameters()}
-            state.update({p.name: p.asnumpy() for p in opt.get_parameters()})
+            state = trained_state(net, opt)
             state["__scales__"] = np.array(scales)
             state["__overflows__"] = np.array(overflows)
-            name = f"{kind}_{mode_name}_single.npz" if args.single else f"{kind}_{mode_name}_rank{rank}.npz"
-            np.savez(os.path.join(args.out, name), **state)
+            save_state(args, rank, f"{kind}_{mode_name}", state)
     print(f"loss-scale worker rank {rank}/{size} done")
 
 

@@ -18,7 +18,7 @@ import sys
 
 import numpy as np
 import pytest
-from support.msrun import run_single_and_two_ranks
+from support.msrun import load_ranks_and_single, results_fixture
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
@@ -35,16 +35,11 @@ PER_RANK = ("__losses__", "thor_predicted_change")
 pytestmark = [pytest.mark.distributed, pytest.mark.slow]
 
 
-@pytest.fixture(scope="module")
-def results(tmp_path_factory):
-    out = tmp_path_factory.mktemp("dp_adaptive")
-    run_single_and_two_ranks(WORKER, out, (), timeout=600)
-    return out
+results = results_fixture(WORKER, "dp_adaptive", timeout=600)
 
 
 def _load(results, run, data, mode):
-    tag = f"{run}_{data}_{mode}"
-    return [np.load(results / f"{tag}_{who}.npz") for who in ("rank0", "rank1", "single")]
+    return load_ranks_and_single(results, f"{run}_{data}_{mode}")
 
 
 @pytest.mark.parametrize("run, data, mode", TAGS)

@@ -24,7 +24,7 @@ import sys
 
 import numpy as np
 import pytest
-from support.msrun import run_single_and_two_ranks
+from support.msrun import load_ranks_and_single, results_fixture
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
@@ -40,18 +40,12 @@ META = ("__losses__", "__owners__", "__costs__", "__sharing_fusion__")
 pytestmark = [pytest.mark.distributed, pytest.mark.slow]
 
 
-@pytest.fixture(scope="module")
-def results(tmp_path_factory):
-    out = tmp_path_factory.mktemp("dp")
-    run_single_and_two_ranks(WORKER, out, ("--optimizer", OPTIMIZER), timeout=300)
-    return out
+results = results_fixture(WORKER, "dp", ("--optimizer", OPTIMIZER))
 
 
 @pytest.mark.parametrize("tag", CONFIGS)
 def test_ranks_identical_and_equal_to_concatenated_batch(results, tag):
-    rank0 = np.load(results / f"{tag}_rank0.npz")
-    rank1 = np.load(results / f"{tag}_rank1.npz")
-    single = np.load(results / f"{tag}_single.npz")
+    rank0, rank1, single = load_ranks_and_single(results, tag)
     names = [k for k in single.files if k != "__losses__"]
     assert set(names) == {k for k in rank0.files if k != "__losses__"}
     local_factors = [n for n in names if n.endswith(("matrix_a_cov", "matrix_g_cov"))]

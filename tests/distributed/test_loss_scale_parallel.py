@@ -10,7 +10,7 @@ import os
 
 import numpy as np
 import pytest
-from support.msrun import run_single_and_two_ranks
+from support.msrun import load_ranks_and_single, results_fixture
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 WORKER = os.path.join(HERE, "loss_scale_worker.py")
@@ -19,17 +19,12 @@ RUNS = [(kind, mode) for kind in ("bert", "global_norm") for mode in ("graph", "
 pytestmark = [pytest.mark.distributed, pytest.mark.slow]
 
 
-@pytest.fixture(scope="module")
-def results(tmp_path_factory):
-    out = tmp_path_factory.mktemp("dp_loss_scale")
-    run_single_and_two_ranks(WORKER, out, (), timeout=300)
-    return out
+results = results_fixture(WORKER, "dp_loss_scale")
 
 
 @pytest.mark.parametrize("kind, mode", RUNS)
 def test_overflow_on_one_rank_skips_the_step_on_both(results, kind, mode):
-    ranks = [np.load(results / f"{kind}_{mode}_rank{r}.npz") for r in range(2)]
-    single = np.load(results / f"{kind}_{mode}_single.npz")
+    *ranks, single = load_ranks_and_single(results, f"{kind}_{mode}")
     # the scale: 1024, halved by the overflow of step 2 on every rank, then kept
     for got in ranks + [single]:
         np.testing.assert_array_equal(got["__scales__"], [1024.0, 512.0, 512.0])

@@ -28,6 +28,7 @@ sys.path.insert(0, os.path.join(ROOT, "tests"))  # support: the tests' shared ne
 
 import mindspore as ms  # noqa: E402
 from mindspore import Tensor, nn, ops  # noqa: E402
+from support.msrun import state_file  # noqa: E402
 
 from ms_optim._bridge import prime_numpy_bridge  # noqa: E402
 
@@ -139,15 +140,44 @@ def init_ranks(single: bool):
     return get_rank(), get_group_size()
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+#: the execution modes a two-mode worker runs each configuration in, with their tag suffixes
+BOTH_MODES = (("graph", ms.GRAPH_MODE), ("pynative", ms.PYNATIVE_MODE))
+
+
+def start_worker(description: str, extra=None):
+    """A worker's start: its arguments (``--out OUT [--single]``, and what ``extra(parser)`` adds), the CPU
+    context and the ranks (:func:`init_ranks`). Returns ``(args, rank, size)``."""
+    parser = argparse.ArgumentParser(description=description)
     parser.add_argument("--out", required=True)
-    parser.add_argument("--optimizer", choices=["thor", "momentum"], default="thor")
     parser.add_argument("--single", action="store_true", help="one process on the concatenated batch")
-    parser.add_argument("--steps", type=int, default=5)
+    if extra is not None:
+        extra(parser)
     args = parser.parse_args()
-    ms.set_context(mode=ms.GRAPH_MODE, device_target="CPU")
+    ms.set_context(device_target="CPU")
     rank, size = init_ranks(args.single)
+    return args, rank, size
+
+
+def save_state(args, rank: int, tag: str, state) -> None:
+    """``state`` (name -> array) of run ``tag`` to this process's file (``support.msrun.state_file``)."""
+    np.savez(state_file(args.out, tag, None if args.single else rank), **state)
+
+
+def trained_state(net, optimizer):
+    """The net's Parameters and the optimizer's (moments, inverses, global_step, ...) by name, as arrays."""
+    state = {p.name: p.asnumpy() for p in net.get_parameters()}
+    state.update({p.name: p.asnumpy() for p in optimizer.get_parameters()})
+    return state
+
+
+def _worker_arguments(parser) -> None:
+    parser.add_argument("--optimizer", choices=["thor", "momentum"], default="thor")
+    parser.add_argument("--steps", type=int, default=5)
+
+
+def main() -> None:
+    args, rank, size = start_worker(__doc__.splitlines()[0], _worker_arguments)
+    ms.set_context(mode=ms.GRAPH_MODE)
     local = GLOBAL_BATCH // size
     xs, ys = global_batches(args.steps)
     configs = dict(CONFIGS, **(SHARED_CONFIGS if args.optimizer == "thor" else {}))
@@ -161,16 +191,14 @@ def main() -> None:
             losses.append(float(train(Tensor(x), Tensor(y)).asnumpy()))
         # the net's Parameters (weights, the layers' rank-local factors, flags) and the optimizer's
         # state (moments, inverses built from the all-reduced factors, global_step)
-        params = {p.name: p.asnumpy() for p in net.get_parameters()}
-        params.update({p.name: p.asnumpy() for p in train.optimizer.get_parameters()})
+        params = trained_state(net, train.optimizer)
         params["__losses__"] = np.array(losses)
         sharing = getattr(train.optimizer, "sharing", None)
         if tag in SHARED_CONFIGS:  # who inverts what, as this rank computed it
             params["__owners__"] = np.array(sharing.owners)
             params["__costs__"] = np.array(sharing.costs)
             params["__sharing_fusion__"] = np.array([op.attrs["fusion"] for op in getattr(sharing, "allreduces", [])])
-        name = f"{tag}_single.npz" if args.single else f"{tag}_rank{rank}.npz"
-        np.savez(os.path.join(args.out, name), **params)
+        save_state(args, rank, tag, params)
     if not args.single:
         from ms_optim._thor.parallel import FactorAllReduce
 
@@ -203,7 +231,7 @@ def run_device_configs(args, rank: int, local: int) -> None:
 
     from ms_optim.nn import thor
 
-    for mode_name, mode in (("graph", ms.GRAPH_MODE), ("pynative", ms.PYNATIVE_MODE)):
+    for mode_name, mode in BOTH_MODES:
         ms.set_context(mode=mode)
         for tag, (make, convention, trace, data) in DEVICE_CONFIGS.items():
             net = make()
@@ -221,8 +249,7 @@ def run_device_configs(args, rank: int, local: int) -> None:
             params = {p.name: p.asnumpy() for p in net.trainable_params()}
             params.update({p.name: p.asnumpy() for p in opt.get_parameters() if "inv" in p.name})
             params.update(init, __losses__=np.array(losses))
-            name = f"{tag}_{mode_name}_single.npz" if args.single else f"{tag}_{mode_name}_rank{rank}.npz"
-            np.savez(os.path.join(args.out, name), **params)
+            save_state(args, rank, f"{tag}_{mode_name}", params)
     ms.set_context(mode=ms.GRAPH_MODE)
 
 

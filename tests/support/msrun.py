@@ -3,7 +3,9 @@ import os
 import socket
 import subprocess
 import sys
-from typing import Sequence
+from typing import Optional, Sequence, Tuple
+
+import numpy as np
 
 
 def free_port() -> int:
@@ -35,3 +37,28 @@ def run_single_and_two_ranks(worker: str, out: str, args: Sequence[str] = (), ti
     run = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
     worker_logs = "\n".join(tail(os.path.join(logs, f"worker_{r}.log")) for r in range(2))
     assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-2000:] + worker_logs
+
+
+def state_file(out: str, tag: str, rank: Optional[int] = None) -> str:
+    """Where a worker writes the state of run ``tag``: ``OUT/<tag>_rank<r>.npz`` on rank ``r`` under msrun,
+    ``OUT/<tag>_single.npz`` alone (``rank`` None)."""
+    return os.path.join(str(out), f"{tag}_single.npz" if rank is None else f"{tag}_rank{rank}.npz")
+
+
+def load_ranks_and_single(out: str, tag: str) -> Tuple:
+    """The states of run ``tag`` written by rank 0, rank 1 and the single process (:func:`state_file`)."""
+    return tuple(np.load(state_file(out, tag, rank)) for rank in (0, 1, None))
+
+
+def results_fixture(worker: str, name: str, args: Sequence[str] = (), timeout: int = 300):
+    """A module-scoped pytest fixture: a fresh folder ``name`` where :func:`run_single_and_two_ranks` ran
+    ``worker`` (with ``args``) alone and on 2 ranks. Assign it to a module-level name to use it."""
+    import pytest  # here: the workers import this module for state_file, without pytest's start-up
+
+    @pytest.fixture(scope="module")
+    def results(tmp_path_factory):
+        out = tmp_path_factory.mktemp(name)
+        run_single_and_two_ranks(worker, out, args, timeout=timeout)
+        return out
+
+    return results
