@@ -30,7 +30,8 @@ from typing import Optional, Tuple
 from mindspore import nn, ops
 from mindspore.ops import functional as F
 
-__all__ = ["LossProbe", "loss_probe_for", "needs_probe", "unbound_message", "TrainOneStepCell"]
+__all__ = ["LossProbe", "LossAndGrads", "loss_probe_for", "needs_probe", "unbound_message",
+           "TrainOneStepCell"]
 
 
 def unbound_message(argument: str, what: str) -> str:
@@ -74,6 +75,63 @@ class LossProbe(nn.Cell):
             after = self.network(*inputs)
             loss = F.depend(loss, self.rule.adapt(loss, after))
         return loss
+
+
+class _ScaledLoss(nn.Cell):
+    """``(loss * sens, loss)``: the output :class:`LossAndGrads` differentiates (the loss seeded with the
+    training cell's scale) and the loss itself, from one forward pass of ``network``.
+
+    Inputs: ``(inputs, scale)``: the tuple of the network's inputs and the scale, a number (a constant, as
+    ``TrainOneStepCell``'s ``sens``) or a Tensor (the loss-scale cell's scale of this step).
+    """
+
+    def __init__(self, network: nn.Cell, constant: bool):
+        super().__init__(auto_prefix=False)  # the network's parameter names stay as they are
+        self.network = network
+        self.constant = constant
+
+    def construct(self, inputs, scale):
+        loss = self.network(*inputs)
+        if self.constant:
+            sens = ops.fill(loss.dtype, loss.shape, scale)
+        else:
+            sens = ops.stop_gradient(ops.ones_like(loss) * ops.cast(scale, ops.dtype(loss)))
+        return loss * sens, loss
+
+
+class LossAndGrads(nn.Cell):
+    """The step's loss and the gradients of ``weights`` from ONE forward pass, for the training cells that
+    run :class:`LossProbe`.
+
+    MindSpore's cells call ``loss = network(*inputs)`` and then differentiate ``network`` again; in
+    GRAPH_MODE MindSpore reuses the first call's forward inside the gradient's only while the network is
+    called nowhere else in the step. The probe is another call, so that reuse stops and the step would run
+    the forward three times. Here the loss is the gradient's own forward output (``ops.value_and_grad`` of
+    ``(loss * sens, loss)`` with the loss as auxiliary output), so the step runs it twice: this one and the
+    probe's. The gradients are those of the loss seeded with ``sens``, as MindSpore's cells compute them.
+
+    Args:
+        network (Cell): the network with its loss.
+        weights (ParameterTuple): the parameters to differentiate (the training cell's ``weights``).
+        sens (numbers.Number): the constant scale of the loss's gradient; None: the scale is an input.
+
+    Inputs: ``*inputs`` (``sens`` a number) or ``(scale, *inputs)`` (``sens`` None; ``scale`` a Tensor).
+    Outputs: ``(loss, grads)``.
+    """
+
+    def __init__(self, network: nn.Cell, weights, sens=None):
+        super().__init__(auto_prefix=False)
+        self.scaled = _ScaledLoss(network, sens is not None)
+        self.weights = weights
+        self.sens = sens
+
+    def construct(self, *args):
+        grad_fn = ops.value_and_grad(self.scaled, None, self.weights, has_aux=True)
+        if self.sens is None:
+            (_, loss), grads = grad_fn(args[1:], args[0])
+        else:
+            (_, loss), grads = grad_fn(args, self.sens)
+        return loss, grads
 
 
 def _needs(optimizer) -> Tuple[bool, bool]:
@@ -127,11 +185,22 @@ class TrainOneStepCell(nn.TrainOneStepCell):
     def __init__(self, network, optimizer, sens=None, return_grad=False):
         super().__init__(network, optimizer, sens, return_grad)
         self.loss_probe = loss_probe_for(network, optimizer)
+        # with the probe: the loss from the gradient's own forward (see LossAndGrads)
+        self.loss_and_grads = (None if self.loss_probe is None
+                               else LossAndGrads(network, self.weights, self.sens))
 
     def construct(self, *inputs):
-        out = super().construct(*inputs)
         if self.loss_probe is None:
-            return out
+            return super().construct(*inputs)
+        loss, grads = self.loss_and_grads(*inputs)
+        grads = self.grad_reducer(grads)
+        if self.use_graceful_exit:
+            grads = self.graceful_exit.exit_by_request(grads, self.init_param, self.exit_param)
+        loss = ops.depend(loss, self.optimizer(grads))
+        loss = self.loss_probe(loss, *inputs)
         if self.return_grad:
-            return self.loss_probe(out[0], *inputs), out[1]
-        return self.loss_probe(out, *inputs)
+            grad_with_param_name = {}
+            for index, value in enumerate(grads):
+                grad_with_param_name[self.weights_name[index]] = value
+            return loss, grad_with_param_name
+        return loss
