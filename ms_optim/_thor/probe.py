@@ -8,7 +8,8 @@ so the training cell computes them:
 
 .. code-block:: text
 
-    loss  <- network(*inputs);  grads <- ...;  optimizer(grads)             (the training cell's step)
+    loss, grads <- network(*inputs) and its gradients, one forward pass    (LossAndGrads)
+    optimizer(grads)
     learning_rate="adaptive":                                              (the optimizer made the trial)
         L_p <- network(*inputs);  optimizer.quadratic_step.finish(loss, L_p)
     else, if optimizer.global_step % adapt_every == 0:                     (the step was an adaptation step)
@@ -22,6 +23,12 @@ optimizer (same arguments and outputs); ``ms_optim.loss_scale.TrainOneStepWithLo
 the branch where the optimizer runs, and ``ModelThor`` builds one of the two. With MindSpore's own cells the
 optimizer's step refuses to compile (RuntimeError): a plain ``nn.TrainOneStepCell(net, opt)`` becomes
 ``ms_optim.nn.TrainOneStepCell(net, opt)``.
+
+With the probe, both cells take the step's loss and gradients from :class:`LossAndGrads`, so a step runs the
+network's forward twice: once for the loss and the gradients, once for the probe. MindSpore's cells call
+``loss = network(*inputs)`` and differentiate ``network`` separately; GRAPH_MODE reuses that first forward
+inside the gradient's only while the network is called nowhere else in the step, so with the probe's call
+such a step would run the forward three times. Without the probe the cells are MindSpore's, step for step.
 """
 from __future__ import annotations
 
