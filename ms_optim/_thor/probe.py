@@ -28,13 +28,17 @@ With the probe, both cells take the step's loss and gradients from :class:`LossA
 network's forward twice: once for the loss and the gradients, once for the probe. MindSpore's cells call
 ``loss = network(*inputs)`` and differentiate ``network`` separately; GRAPH_MODE reuses that first forward
 inside the gradient's only while the network is called nowhere else in the step, so with the probe's call
-such a step would run the forward three times. Without the probe the cells are MindSpore's, step for step.
+such a step would run the forward three times. In GRAPH_MODE the probe's forward is also taken as the value
+of ``ops.value_and_grad``, whose gradients nothing reads (so only its forward pass runs): a plain call of the
+network next to the gradient's made MindSpore 2.10 fail to compile some networks ("Illegal AnfNode for
+evaluating", e.g. the zoo BERT's masked-LM gather at ``arange(batch) * seq`` offsets). Without the probe the
+cells are MindSpore's, step for step.
 """
 from __future__ import annotations
 
 from typing import Optional, Tuple
 
-from mindspore import nn, ops
+from mindspore import context, nn, ops
 from mindspore.ops import functional as F
 
 __all__ = ["LossProbe", "LossAndGrads", "loss_probe_for", "needs_probe", "unbound_message",
@@ -51,7 +55,17 @@ def unbound_message(argument: str, what: str) -> str:
             f"without use(), never run that forward pass.")
 
 
-class LossProbe(nn.Cell):
+class _ParsedMode(nn.Cell):
+    """``in_graph``, read when the graph is parsed: a property of a base class, which MindSpore's parser
+    evaluates in Python and puts in the graph as a constant (see ``ms_optim._thor.taps._ParsedChoices``)."""
+
+    @property
+    def in_graph(self) -> bool:
+        """Whether the cell runs compiled (GRAPH_MODE)."""
+        return context.get_context("mode") != context.PYNATIVE_MODE
+
+
+class LossProbe(_ParsedMode):
     """The extra forward pass after the optimizer: the loss at ``learning_rate="adaptive"``'s trial point,
     every step, and its final step (``ms_optim._thor.adaptive_lr``); else, after an adaptation step of
     ``damping="adaptive"``, the loss on the same inputs and the damping rule's update.
@@ -72,14 +86,23 @@ class LossProbe(nn.Cell):
         self.global_step = optimizer.global_step
         self.quadratic_step = getattr(optimizer, "quadratic_step", None)
         self.trial = self.quadratic_step is not None
+        self.weights = optimizer.parameters
+
+    def probe_loss(self, *inputs):
+        """The network's loss on ``inputs`` (a forward pass in training mode). In GRAPH_MODE it is the value
+        of ``ops.value_and_grad``, whose gradients nothing reads, so only the forward pass runs: a plain call
+        next to :class:`LossAndGrads`'s gradient fails to compile on some networks (module docstring)."""
+        if self.in_graph:
+            return ops.value_and_grad(self.network, None, self.weights)(*inputs)[0]
+        return self.network(*inputs)
 
     def construct(self, loss, *inputs):
         if self.trial:  # the trial point is in place: the forward reads the weights after the optimizer
             first = F.depend(inputs[0], loss)
-            after = self.network(first, *inputs[1:])
+            after = self.probe_loss(first, *inputs[1:])
             return F.depend(loss, self.quadratic_step.finish(loss, after))
         if self.rule.due_after(ops.depend(self.global_step, loss)):
-            after = self.network(*inputs)
+            after = self.probe_loss(*inputs)
             loss = F.depend(loss, self.rule.adapt(loss, after))
         return loss
 
