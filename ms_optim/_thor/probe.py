@@ -30,7 +30,7 @@ network's forward twice: once for the loss and the gradients, once for the probe
 inside the gradient's only while the network is called nowhere else in the step, so with the probe's call
 such a step would run the forward three times. In GRAPH_MODE the probe's forward is also taken as the value
 of ``ops.value_and_grad``, whose gradients nothing reads (so only its forward pass runs): a plain call of the
-network next to the gradient's made MindSpore 2.10 fail to compile some networks ("Illegal AnfNode for
+network next to the gradient's makes MindSpore 2.10 fail to compile some networks ("Illegal AnfNode for
 evaluating", e.g. the zoo BERT's masked-LM gather at ``arange(batch) * seq`` offsets). Without the probe the
 cells are MindSpore's, step for step.
 """

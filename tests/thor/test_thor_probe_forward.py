@@ -19,9 +19,9 @@ VOCAB = 12
 
 
 class _Counted(nn.Cell):
-    """Embedding rows picked at positions offset by ``arange(batch) * seq`` (the zoo BERT's masked-LM gather,
-    where a loss taken from the gradient's forward next to a plain second call of the network once failed to
-    compile in GRAPH_MODE), then Dense and mean sparse cross-entropy; counts its forward executions in
+    """Embedding rows picked at positions offset by ``arange(batch) * seq`` (the zoo BERT's masked-LM gather:
+    with it, MindSpore 2.10's GRAPH_MODE fails to compile a plain second call of the network next to the
+    gradient that gives the loss), then Dense and mean sparse cross-entropy; counts its forward executions in
     ``runs``."""
 
     def __init__(self):
