@@ -50,7 +50,7 @@ from mindspore.amp import DynamicLossScaleManager
 from mindspore.train import amp as _ms_amp
 
 from ms_optim._loss_scale_checks import check_loss_scale_at_step, check_loss_scale_manager, check_scale_sense
-from ms_optim._thor.probe import TrainOneStepCell, loss_probe_for, needs_probe
+from ms_optim._thor.probe import LossAndGrads, TrainOneStepCell, loss_probe_for, needs_probe
 
 __all__ = ["TrainOneStepWithLossScaleCell", "build_train_network"]
 
@@ -123,6 +123,8 @@ class TrainOneStepWithLossScaleCell(nn.TrainOneStepWithLossScaleCell):
         self.feeds_loss_scale = callable(getattr(optimizer, "feed_loss_scale", None))
         # thor(..., learning_rate or damping="adaptive"): the extra forward pass (ms_optim._thor.probe)
         self.loss_probe = loss_probe_for(network, optimizer)
+        # with the probe: the loss from the gradient's own forward (ms_optim._thor.probe.LossAndGrads)
+        self.loss_and_grads = None if self.loss_probe is None else LossAndGrads(network, self.weights)
 
     def set_sense_scale(self, sens):
         """Set a Tensor ``scale_sense`` to ``sens`` (as MindSpore's), refused as the constructor
@@ -136,9 +138,12 @@ class TrainOneStepWithLossScaleCell(nn.TrainOneStepWithLossScaleCell):
         # a copy (the manager may update scale_sense below), checked before anything of this step runs
         used_scale = check_loss_scale_at_step(self.scale_sense * 1.0, step)
         ops.assign(self.loss_scale_step, step)
-        loss = self.network(*inputs)
-        sens = ops.ones_like(loss) * ops.cast(used_scale, ops.dtype(loss))
-        grads = self.grad(self.network, self.weights)(*inputs, sens)
+        if self.loss_probe is None:
+            loss = self.network(*inputs)
+            sens = ops.ones_like(loss) * ops.cast(used_scale, ops.dtype(loss))
+            grads = self.grad(self.network, self.weights)(*inputs, sens)
+        else:
+            loss, grads = self.loss_and_grads(used_scale, *inputs)
         grads = self.hyper_map(ops.partial(_unscale, ops.reciprocal(used_scale)), grads)
         grads = self.grad_reducer(grads)
         if self.feeds_loss_scale:

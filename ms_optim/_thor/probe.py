@@ -8,7 +8,8 @@ so the training cell computes them:
 
 .. code-block:: text
 
-    loss  <- network(*inputs);  grads <- ...;  optimizer(grads)             (the training cell's step)
+    loss, grads <- network(*inputs) and its gradients, one forward pass    (LossAndGrads)
+    optimizer(grads)
     learning_rate="adaptive":                                              (the optimizer made the trial)
         L_p <- network(*inputs);  optimizer.quadratic_step.finish(loss, L_p)
     else, if optimizer.global_step % adapt_every == 0:                     (the step was an adaptation step)
@@ -22,15 +23,26 @@ optimizer (same arguments and outputs); ``ms_optim.loss_scale.TrainOneStepWithLo
 the branch where the optimizer runs, and ``ModelThor`` builds one of the two. With MindSpore's own cells the
 optimizer's step refuses to compile (RuntimeError): a plain ``nn.TrainOneStepCell(net, opt)`` becomes
 ``ms_optim.nn.TrainOneStepCell(net, opt)``.
+
+With the probe, both cells take the step's loss and gradients from :class:`LossAndGrads`, so a step runs the
+network's forward twice: once for the loss and the gradients, once for the probe. MindSpore's cells call
+``loss = network(*inputs)`` and differentiate ``network`` separately; GRAPH_MODE reuses that first forward
+inside the gradient's only while the network is called nowhere else in the step, so with the probe's call
+such a step would run the forward three times. In GRAPH_MODE the probe's forward is also taken as the value
+of ``ops.value_and_grad``, whose gradients nothing reads (so only its forward pass runs): a plain call of the
+network next to the gradient's makes MindSpore 2.10 fail to compile some networks ("Illegal AnfNode for
+evaluating", e.g. the zoo BERT's masked-LM gather at ``arange(batch) * seq`` offsets). Without the probe the
+cells are MindSpore's, step for step.
 """
 from __future__ import annotations
 
 from typing import Optional, Tuple
 
-from mindspore import nn, ops
+from mindspore import context, nn, ops
 from mindspore.ops import functional as F
 
-__all__ = ["LossProbe", "loss_probe_for", "needs_probe", "unbound_message", "TrainOneStepCell"]
+__all__ = ["LossProbe", "LossAndGrads", "loss_probe_for", "needs_probe", "unbound_message",
+           "TrainOneStepCell"]
 
 
 def unbound_message(argument: str, what: str) -> str:
@@ -43,7 +55,17 @@ def unbound_message(argument: str, what: str) -> str:
             f"without use(), never run that forward pass.")
 
 
-class LossProbe(nn.Cell):
+class _ParsedMode(nn.Cell):
+    """``in_graph``, read when the graph is parsed: a property of a base class, which MindSpore's parser
+    evaluates in Python and puts in the graph as a constant (see ``ms_optim._thor.taps._ParsedChoices``)."""
+
+    @property
+    def in_graph(self) -> bool:
+        """Whether the cell runs compiled (GRAPH_MODE)."""
+        return context.get_context("mode") != context.PYNATIVE_MODE
+
+
+class LossProbe(_ParsedMode):
     """The extra forward pass after the optimizer: the loss at ``learning_rate="adaptive"``'s trial point,
     every step, and its final step (``ms_optim._thor.adaptive_lr``); else, after an adaptation step of
     ``damping="adaptive"``, the loss on the same inputs and the damping rule's update.
@@ -64,16 +86,82 @@ class LossProbe(nn.Cell):
         self.global_step = optimizer.global_step
         self.quadratic_step = getattr(optimizer, "quadratic_step", None)
         self.trial = self.quadratic_step is not None
+        self.weights = optimizer.parameters
+
+    def probe_loss(self, *inputs):
+        """The network's loss on ``inputs`` (a forward pass in training mode). In GRAPH_MODE it is the value
+        of ``ops.value_and_grad``, whose gradients nothing reads, so only the forward pass runs: a plain call
+        next to :class:`LossAndGrads`'s gradient fails to compile on some networks (module docstring)."""
+        if self.in_graph:
+            return ops.value_and_grad(self.network, None, self.weights)(*inputs)[0]
+        return self.network(*inputs)
 
     def construct(self, loss, *inputs):
         if self.trial:  # the trial point is in place: the forward reads the weights after the optimizer
             first = F.depend(inputs[0], loss)
-            after = self.network(first, *inputs[1:])
+            after = self.probe_loss(first, *inputs[1:])
             return F.depend(loss, self.quadratic_step.finish(loss, after))
         if self.rule.due_after(ops.depend(self.global_step, loss)):
-            after = self.network(*inputs)
+            after = self.probe_loss(*inputs)
             loss = F.depend(loss, self.rule.adapt(loss, after))
         return loss
+
+
+class _ScaledLoss(nn.Cell):
+    """``(loss * sens, loss)``: the output :class:`LossAndGrads` differentiates (the loss seeded with the
+    training cell's scale) and the loss itself, from one forward pass of ``network``.
+
+    Inputs: ``(inputs, scale)``: the tuple of the network's inputs and the scale, a number (a constant, as
+    ``TrainOneStepCell``'s ``sens``) or a Tensor (the loss-scale cell's scale of this step).
+    """
+
+    def __init__(self, network: nn.Cell, constant: bool):
+        super().__init__(auto_prefix=False)  # the network's parameter names stay as they are
+        self.network = network
+        self.constant = constant
+
+    def construct(self, inputs, scale):
+        loss = self.network(*inputs)
+        if self.constant:
+            sens = ops.fill(loss.dtype, loss.shape, scale)
+        else:
+            sens = ops.stop_gradient(ops.ones_like(loss) * ops.cast(scale, ops.dtype(loss)))
+        return loss * sens, loss
+
+
+class LossAndGrads(nn.Cell):
+    """The step's loss and the gradients of ``weights`` from ONE forward pass, for the training cells that
+    run :class:`LossProbe`.
+
+    MindSpore's cells call ``loss = network(*inputs)`` and then differentiate ``network`` again; in
+    GRAPH_MODE MindSpore reuses the first call's forward inside the gradient's only while the network is
+    called nowhere else in the step. The probe is another call, so that reuse stops and the step would run
+    the forward three times. Here the loss is the gradient's own forward output (``ops.value_and_grad`` of
+    ``(loss * sens, loss)`` with the loss as auxiliary output), so the step runs it twice: this one and the
+    probe's. The gradients are those of the loss seeded with ``sens``, as MindSpore's cells compute them.
+
+    Args:
+        network (Cell): the network with its loss.
+        weights (ParameterTuple): the parameters to differentiate (the training cell's ``weights``).
+        sens (numbers.Number): the constant scale of the loss's gradient; None: the scale is an input.
+
+    Inputs: ``*inputs`` (``sens`` a number) or ``(scale, *inputs)`` (``sens`` None; ``scale`` a Tensor).
+    Outputs: ``(loss, grads)``.
+    """
+
+    def __init__(self, network: nn.Cell, weights, sens=None):
+        super().__init__(auto_prefix=False)
+        self.scaled = _ScaledLoss(network, sens is not None)
+        self.weights = weights
+        self.sens = sens
+
+    def construct(self, *args):
+        grad_fn = ops.value_and_grad(self.scaled, None, self.weights, has_aux=True)
+        if self.sens is None:
+            (_, loss), grads = grad_fn(args[1:], args[0])
+        else:
+            (_, loss), grads = grad_fn(args, self.sens)
+        return loss, grads
 
 
 def _needs(optimizer) -> Tuple[bool, bool]:
@@ -127,11 +215,22 @@ class TrainOneStepCell(nn.TrainOneStepCell):
     def __init__(self, network, optimizer, sens=None, return_grad=False):
         super().__init__(network, optimizer, sens, return_grad)
         self.loss_probe = loss_probe_for(network, optimizer)
+        # with the probe: the loss from the gradient's own forward (see LossAndGrads)
+        self.loss_and_grads = (None if self.loss_probe is None
+                               else LossAndGrads(network, self.weights, self.sens))
 
     def construct(self, *inputs):
-        out = super().construct(*inputs)
         if self.loss_probe is None:
-            return out
+            return super().construct(*inputs)
+        loss, grads = self.loss_and_grads(*inputs)
+        grads = self.grad_reducer(grads)
+        if self.use_graceful_exit:
+            grads = self.graceful_exit.exit_by_request(grads, self.init_param, self.exit_param)
+        loss = ops.depend(loss, self.optimizer(grads))
+        loss = self.loss_probe(loss, *inputs)
         if self.return_grad:
-            return self.loss_probe(out[0], *inputs), out[1]
-        return self.loss_probe(out, *inputs)
+            grad_with_param_name = {}
+            for index, value in enumerate(grads):
+                grad_with_param_name[self.weights_name[index]] = value
+            return loss, grad_with_param_name
+        return loss
