@@ -96,6 +96,16 @@ def _corpus(path: str, sentences: int, seed: int) -> str:
     return path
 
 
+def _word_vocab(path: str, bert_data) -> str:
+    """A ``vocab.txt`` of the special tokens and every word of the corpus (sorted): one token per word and the
+    same ids in every process (a learned WordPiece vocabulary's tokens and ids vary from process to process,
+    and with them the embedding rows each word gets, hence the whole run)."""
+    words = sorted({word for group in WORDS.values() for word in group} | {"the", "."})
+    with open(path, "w", encoding="utf-8") as handle:
+        handle.write("\n".join(bert_data.SPECIAL_TOKENS + words) + "\n")
+    return path
+
+
 def bert(args) -> Dict:
     """The zoo's tiny BERT, masked-LM on the generated corpus (seq 32, batch 16, masked afresh per epoch)."""
     import numpy as np
@@ -107,8 +117,8 @@ def bert(args) -> Dict:
     seq, batch = 32, 16
     with tempfile.TemporaryDirectory() as folder:
         train = _corpus(os.path.join(folder, "train.txt"), 480, args.seed)
-        held = _corpus(os.path.join(folder, "test.txt"), 120, args.seed + 100)
-        tokenizer = bert_data.learn_tokenizer([train], vocab_size=100, min_frequency=1)
+        held = _corpus(os.path.join(folder, "test.txt"), 480, args.seed + 100)
+        tokenizer = bert_data.load_tokenizer(_word_vocab(os.path.join(folder, "vocab.txt"), bert_data))
         rows = bert_data.tokenize_corpus([train], tokenizer, seq)
         test_rows = bert_data.tokenize_corpus([held], tokenizer, seq)
     vocab = tokenizer.get_vocab_size()

@@ -10,10 +10,10 @@ Tasks (every run of a task starts from the same initial weights and sees the sam
   (padded random crop, flip, normalisation), ``--resnet-images`` training images per epoch, batch 32,
   ``--resnet-epochs`` epochs, read once; 320 held-out images. Figure: held-out accuracy; target 0.90.
 * ``bert``: ``model_zoo/bert``'s tiny BERT (2 layers, hidden 64, no dropout) pretrained with masked LM on a
-  generated corpus (sentences "the ADJ NOUN VERB PREP the ADJ NOUN ." whose verb is fixed by its noun), a
-  WordPiece vocabulary learned from it (``model_zoo.bert.bert_data``), sequence length 32, batch 16, masked
-  afresh every epoch, ``--bert-epochs`` epochs. Figure: masked-token accuracy on a held-out corpus;
-  target 0.50.
+  generated corpus (480 sentences "the ADJ NOUN VERB PREP the ADJ NOUN ." whose verb is fixed by its noun),
+  with a vocabulary of its words (the same ids in every process) read by the zoo's WordPiece tokenizer
+  (``model_zoo.bert.bert_data``), sequence length 32, batch 16, masked afresh every epoch, ``--bert-epochs``
+  epochs of 9 steps. Figure: masked-token accuracy on a held-out corpus of 480 sentences; target 0.50.
 
 Runs per task, every one with ``ms_optim.nn.TrainOneStepCell``, momentum 0.9 and no per-task tuning:
 
@@ -48,7 +48,7 @@ goals) and ``.png`` (held-out figure against training seconds per task: adaptive
 best Momentum, best Lamb; the target dashed), both rewritten after every run (``complete`` false until the
 last). Defaults: 36 runs (small data, small grids: a benchmark of the method, not of converged accuracy),
 each task long enough for its best baseline to reach the target (LeNet 3 epochs of 44 steps, ResNet 3 of 15,
-BERT 60 of 18); LeNet and BERT take minutes, ResNet-18 most of the time (graph compilation and the steps of
+BERT 120 of 9); LeNet and BERT take minutes, ResNet-18 most of the time (graph compilation and the steps of
 a conv net: a few minutes per run on 2 cores);
 ``--quick`` is a smoke run of a few steps per run (about a minute per task, mostly graph compilation).
 
@@ -108,7 +108,7 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     add("--resnet-width", type=int, default=8, help="ResNet-18 first-stage width (default 8)")
     add("--resnet-images", type=int, default=480, help="ResNet training images per epoch (default 480)")
     add("--resnet-epochs", type=int, default=3, help="ResNet epochs (default 3)")
-    add("--bert-epochs", type=int, default=60, help="BERT epochs (default 60)")
+    add("--bert-epochs", type=int, default=120, help="BERT epochs of 9 steps (default 120)")
     add("--eval-every", type=int, default=5, help="steps between held-out evaluations (default 5)")
     add("--seed", type=int, default=1, help="seed of weights, data and batch order (default 1)")
     add("--quick", action="store_true", help="smoke run: one grid point, a few steps per run, tiny nets")

@@ -42,3 +42,26 @@ def test_bench_thor_adaptive_help_and_bad_options():
     for bad, option in ((["--adaptive", "lr,lr"], "--adaptive"), (["--tasks", "vgg"], "--tasks")):
         refused = subprocess.run([sys.executable, SCRIPT, *bad], capture_output=True, text=True, timeout=120)
         assert refused.returncode == 2 and option in refused.stderr
+
+
+_BERT_DIGEST = """
+import hashlib, sys
+sys.path.insert(0, sys.argv[1])
+from benchmarks.bench_thor_adaptive import parse_args
+from benchmarks._adaptive_tasks import build_task
+task = build_task("bert", parse_args(["--tasks", "bert", "--quick"]))
+digest = hashlib.sha256()
+for batch in task["batches"]:
+    for column in batch:
+        digest.update(column.tobytes())
+print(digest.hexdigest())
+"""
+
+
+def test_bench_bert_task_is_the_same_in_every_process():
+    """The BERT task's token ids, hence every batch, do not depend on the process (a vocabulary learned by
+    HuggingFace's WordPiece trainer numbered its tokens differently in every process, so two runs of the
+    benchmark trained different problems)."""
+    digests = {subprocess.run([sys.executable, "-c", _BERT_DIGEST, REPO], capture_output=True, text=True,
+                              timeout=300, check=True).stdout.strip() for _ in range(3)}
+    assert len(digests) == 1 and len(next(iter(digests))) == 64, digests
