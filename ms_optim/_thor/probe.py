@@ -38,7 +38,8 @@ from __future__ import annotations
 
 from typing import Optional, Tuple
 
-from mindspore import context, nn, ops
+import mindspore.common.dtype as mstype
+from mindspore import Tensor, context, nn, ops
 from mindspore.ops import functional as F
 
 __all__ = ["LossProbe", "LossAndGrads", "loss_probe_for", "needs_probe", "unbound_message",
@@ -108,25 +109,16 @@ class LossProbe(_ParsedMode):
 
 
 class _ScaledLoss(nn.Cell):
-    """``(loss * sens, loss)``: the output :class:`LossAndGrads` differentiates (the loss seeded with the
-    training cell's scale) and the loss itself, from one forward pass of ``network``.
+    """``(loss * scale, loss)``: the output :class:`LossAndGrads` differentiates (the loss seeded with the
+    training cell's scale, a Tensor) and the loss itself, from one forward pass of ``network``."""
 
-    Inputs: ``(inputs, scale)``: the tuple of the network's inputs and the scale, a number (a constant, as
-    ``TrainOneStepCell``'s ``sens``) or a Tensor (the loss-scale cell's scale of this step).
-    """
-
-    def __init__(self, network: nn.Cell, constant: bool):
+    def __init__(self, network: nn.Cell):
         super().__init__(auto_prefix=False)  # the network's parameter names stay as they are
         self.network = network
-        self.constant = constant
 
     def construct(self, inputs, scale):
         loss = self.network(*inputs)
-        if self.constant:
-            sens = ops.fill(loss.dtype, loss.shape, scale)
-        else:
-            sens = ops.stop_gradient(ops.ones_like(loss) * ops.cast(scale, ops.dtype(loss)))
-        return loss * sens, loss
+        return loss * ops.cast(scale, ops.dtype(loss)), loss
 
 
 class LossAndGrads(nn.Cell):
@@ -137,30 +129,25 @@ class LossAndGrads(nn.Cell):
     GRAPH_MODE MindSpore reuses the first call's forward inside the gradient's only while the network is
     called nowhere else in the step. The probe is another call, so that reuse stops and the step would run
     the forward three times. Here the loss is the gradient's own forward output (``ops.value_and_grad`` of
-    ``(loss * sens, loss)`` with the loss as auxiliary output), so the step runs it twice: this one and the
-    probe's. The gradients are those of the loss seeded with ``sens``, as MindSpore's cells compute them.
+    ``(loss * scale, loss)`` with the loss as auxiliary output), so the step runs it twice: this one and the
+    probe's. The gradients are those of the loss seeded with ``scale``, as MindSpore's cells compute them.
 
     Args:
         network (Cell): the network with its loss.
         weights (ParameterTuple): the parameters to differentiate (the training cell's ``weights``).
-        sens (numbers.Number): the constant scale of the loss's gradient; None: the scale is an input.
 
-    Inputs: ``*inputs`` (``sens`` a number) or ``(scale, *inputs)`` (``sens`` None; ``scale`` a Tensor).
+    Inputs: ``(scale, *inputs)``: the scale of the loss's gradient (a float32 Tensor: ``TrainOneStepCell``'s
+    constant ``sens``, or the loss-scale cell's scale of this step) and the network's inputs.
     Outputs: ``(loss, grads)``.
     """
 
-    def __init__(self, network: nn.Cell, weights, sens=None):
+    def __init__(self, network: nn.Cell, weights):
         super().__init__(auto_prefix=False)
-        self.scaled = _ScaledLoss(network, sens is not None)
+        self.scaled = _ScaledLoss(network)
         self.weights = weights
-        self.sens = sens
 
-    def construct(self, *args):
-        grad_fn = ops.value_and_grad(self.scaled, None, self.weights, has_aux=True)
-        if self.sens is None:
-            (_, loss), grads = grad_fn(args[1:], args[0])
-        else:
-            (_, loss), grads = grad_fn(args, self.sens)
+    def construct(self, scale, *inputs):
+        (_, loss), grads = ops.value_and_grad(self.scaled, None, self.weights, has_aux=True)(inputs, scale)
         return loss, grads
 
 
@@ -216,13 +203,14 @@ class TrainOneStepCell(nn.TrainOneStepCell):
         super().__init__(network, optimizer, sens, return_grad)
         self.loss_probe = loss_probe_for(network, optimizer)
         # with the probe: the loss from the gradient's own forward (see LossAndGrads)
-        self.loss_and_grads = (None if self.loss_probe is None
-                               else LossAndGrads(network, self.weights, self.sens))
+        if self.loss_probe is not None:
+            self.loss_and_grads = LossAndGrads(network, self.weights)
+            self.sens_tensor = Tensor(float(self.sens), mstype.float32)  # the constant scale, as a Tensor
 
     def construct(self, *inputs):
         if self.loss_probe is None:
             return super().construct(*inputs)
-        loss, grads = self.loss_and_grads(*inputs)
+        loss, grads = self.loss_and_grads(self.sens_tensor, *inputs)
         grads = self.grad_reducer(grads)
         if self.use_graceful_exit:
             grads = self.graceful_exit.exit_by_request(grads, self.init_param, self.exit_param)
