@@ -222,8 +222,7 @@ def run_case(case: Dict, args: argparse.Namespace) -> Dict:
     adaptive = result.get("thor_adaptive")
     if th and adaptive and not th["failed"] and not adaptive["failed"]:
         result["adaptive_vs_thor_rss"] = adaptive["peak_rss_gb"] / th["peak_rss_gb"]
-        for key in ("thor_step", "non_thor"):
-            name = "thor_step_median_ms" if key == "thor_step" else "non_thor_median_ms"
+        for key, name in (("thor_step", "thor_step_median_ms"), ("non_thor", "non_thor_median_ms")):
             if th[name] and adaptive[name]:
                 result[f"adaptive_{key}_vs_thor"] = adaptive[name] / th[name]
         print(f"  -> adaptive THOR / THOR: peak RSS {result['adaptive_vs_thor_rss']:.2f}x; THOR step "
