@@ -98,8 +98,8 @@ def _corpus(path: str, sentences: int, seed: int) -> str:
 
 def _word_vocab(path: str, bert_data) -> str:
     """A ``vocab.txt`` of the special tokens and every word of the corpus (sorted): one token per word and the
-    same ids in every process (a learned WordPiece vocabulary's tokens and ids vary from process to process,
-    and with them the embedding rows each word gets, hence the whole run)."""
+    same ids in every process, so every run of a grid trains the same problem (the ids fix which embedding row
+    each word gets)."""
     words = sorted({word for group in WORDS.values() for word in group} | {"the", "."})
     with open(path, "w", encoding="utf-8") as handle:
         handle.write("\n".join(bert_data.SPECIAL_TOKENS + words) + "\n")

@@ -1,9 +1,10 @@
 """Masked-LM pretraining data from plain text files, with a WordPiece vocabulary.
 
 Tokenisation uses HuggingFace ``tokenizers`` (``pip install tokenizers``; part of ms_optim's
-``examples`` extra): :func:`learn_tokenizer` learns a WordPiece vocabulary from the text files in
-memory, :func:`save_vocab` writes it as ``vocab.txt`` (the BERT format, usable by any BERT tokenizer),
-:func:`train_vocab` does both; :func:`load_tokenizer` reads one. Bad input raises ``ValueError`` or
+``examples`` extra): :func:`learn_vocab` learns a WordPiece vocabulary from the text files (the same
+one on every run), :func:`learn_tokenizer` is a tokenizer over it (in memory), :func:`save_vocab` writes
+it as ``vocab.txt`` (the BERT format, usable by any BERT tokenizer), :func:`train_vocab` does both;
+:func:`load_tokenizer` reads one. Bad input raises ``ValueError`` or
 ``FileNotFoundError`` naming the file.
 
 Examples: the whole corpus is tokenised into one stream, cut into segments of ``seq_length - 2``
@@ -15,13 +16,15 @@ become ``[MASK]``, 10% a random token and 10% stay. The dataset's six columns ar
 """
 from __future__ import annotations
 
+import heapq
 import os
-from typing import List, Sequence
+from collections import Counter, defaultdict
+from typing import Dict, List, Sequence, Tuple
 
 import numpy as np
 
-__all__ = ["COLUMNS", "learn_tokenizer", "save_vocab", "train_vocab", "load_tokenizer", "tokenize_corpus",
-           "MaskedLMSource", "create_dataset"]
+__all__ = ["COLUMNS", "learn_vocab", "learn_tokenizer", "save_vocab", "train_vocab", "load_tokenizer",
+           "tokenize_corpus", "MaskedLMSource", "create_dataset"]
 
 COLUMNS = ["input_ids", "input_mask", "token_type_ids", "masked_lm_positions", "masked_lm_ids",
            "masked_lm_weights"]
@@ -47,14 +50,102 @@ def _check_files(files: Sequence[str]) -> List[str]:
     return files
 
 
+def _read_lines(path: str) -> List[str]:
+    """The non-blank lines of a UTF-8 text file, stripped; ``ValueError`` naming the file and the first bad byte
+    otherwise."""
+    try:
+        with open(path, encoding="utf-8") as handle:
+            return [line.strip() for line in handle if line.strip()]
+    except UnicodeDecodeError as exc:
+        raise ValueError(f"text file {path} is not valid UTF-8 (byte {exc.object[exc.start]:#04x} at offset "
+                         f"{exc.start})") from None
+
+
+def _word_counts(files: Sequence[str], tokenizer) -> Counter:
+    """How often each word occurs in ``files``, words split as ``tokenizer`` splits them (BERT's
+    normalisation and punctuation rules)."""
+    counts: Counter = Counter()
+    for path in files:
+        for line in _read_lines(path):
+            text = tokenizer.normalizer.normalize_str(line)
+            counts.update(word for word, _ in tokenizer.pre_tokenizer.pre_tokenize_str(text))
+    return counts
+
+
+def learn_vocab(files: Sequence[str], vocab_size: int = 30522, min_frequency: int = 2,
+                lowercase: bool = True) -> List[str]:
+    """A WordPiece vocabulary learned from ``files`` by byte-pair merges, the same list on every run.
+
+    Words are split as BERT's tokenizer splits them (normalisation, punctuation). The tokens are the special
+    tokens, then every character that starts a word (sorted), every ``##`` character that continues one
+    (sorted), then the merged pieces in the order they were learned. Each merge joins the adjacent pair of
+    pieces that occurs most often over all words (counted with the words' frequencies; a tie goes to the pair
+    whose first, then second, piece came earlier in the vocabulary) into one piece: ``a`` + ``##b`` -> ``ab``,
+    ``##a`` + ``##b`` -> ``##ab``. Learning stops at ``vocab_size`` tokens or when no pair occurs
+    ``min_frequency`` times. (HuggingFace's own trainer numbers its ``##`` pieces in hash-map order, so its
+    vocabulary, and with it every token id of a run, varies from one process to the next.)
+    """
+    files = _check_files(files)
+    counts = _word_counts(files, _tokenizer_class()(lowercase=lowercase))
+    words = sorted(counts)
+    pieces = [[w[0]] + ["##" + c for c in w[1:]] for w in words]
+    freq = [counts[w] for w in words]
+    alphabet = {p for word in pieces for p in word} - set(SPECIAL_TOKENS)
+    vocab = list(SPECIAL_TOKENS) + sorted(alphabet, key=lambda p: (p.startswith("##"), p))
+    rank = {token: i for i, token in enumerate(vocab)}
+    pairs: Dict[Tuple[str, str], int] = defaultdict(int)
+    where: Dict[Tuple[str, str], set] = defaultdict(set)
+    for i, word in enumerate(pieces):
+        for pair in zip(word, word[1:]):
+            pairs[pair] += freq[i]
+            where[pair].add(i)
+    def entry(pair):  # the most frequent pair first; ties: the pair of the earlier tokens
+        return -pairs[pair], rank[pair[0]], rank[pair[1]], pair
+
+    heap = [entry(pair) for pair in pairs]
+    heapq.heapify(heap)
+    while heap and len(vocab) < vocab_size:
+        negative, _, _, pair = heapq.heappop(heap)
+        if pairs.get(pair, 0) != -negative:  # a stale entry: the count changed since it was pushed
+            continue
+        if -negative < min_frequency:
+            break
+        merged = pair[0] + pair[1][2:]
+        if merged not in rank:
+            rank[merged] = len(vocab)
+            vocab.append(merged)
+        changed = set()
+        for i in sorted(where.pop(pair)):
+            word = pieces[i]
+            for old in zip(word, word[1:]):
+                pairs[old] -= freq[i]
+                changed.add(old)
+            out, j = [], 0
+            while j < len(word):
+                if j + 1 < len(word) and (word[j], word[j + 1]) == pair:
+                    out.append(merged)
+                    j += 2
+                else:
+                    out.append(word[j])
+                    j += 1
+            pieces[i] = out
+            for new in zip(out, out[1:]):
+                pairs[new] += freq[i]
+                where[new].add(i)
+                changed.add(new)
+        for key in changed:
+            if pairs[key] > 0:
+                heapq.heappush(heap, entry(key))
+            else:
+                pairs.pop(key, None)
+    return vocab
+
+
 def learn_tokenizer(files: Sequence[str], vocab_size: int = 30522, min_frequency: int = 2,
                     lowercase: bool = True):
-    """A WordPiece tokenizer whose vocabulary is learned from ``files`` (in memory; nothing written)."""
-    files = _check_files(files)
-    tokenizer = _tokenizer_class()(lowercase=lowercase)
-    tokenizer.train(files, vocab_size=vocab_size, min_frequency=min_frequency, special_tokens=SPECIAL_TOKENS,
-                    show_progress=False)
-    return tokenizer
+    """A WordPiece tokenizer over :func:`learn_vocab`'s vocabulary of ``files`` (in memory; nothing written)."""
+    vocab = learn_vocab(files, vocab_size, min_frequency, lowercase)
+    return _tokenizer_class()({token: i for i, token in enumerate(vocab)}, lowercase=lowercase)
 
 
 def save_vocab(tokenizer, out_dir: str) -> str:
@@ -86,12 +177,7 @@ def tokenize_corpus(files: Sequence[str], tokenizer, seq_length: int) -> np.ndar
         raise ValueError(f"seq_length must be >= 4, but got {seq_length}")
     stream: List[int] = []
     for path in _check_files(files):
-        try:
-            with open(path, encoding="utf-8") as handle:
-                lines = [line.strip() for line in handle if line.strip()]
-        except UnicodeDecodeError as exc:
-            raise ValueError(f"text file {path} is not UTF-8 (byte {exc.object[exc.start]:#04x} at offset "
-                             f"{exc.start})") from None
+        lines = _read_lines(path)
         for encoding in tokenizer.encode_batch(lines, add_special_tokens=False):
             stream.extend(encoding.ids)
     if not stream:

@@ -161,24 +161,13 @@ def check_inputs(args: argparse.Namespace) -> None:
         raise InputError(f"--output-dir exists and is not a directory: {args.output_dir}")
 
 
-def _learn_tokenizer(args: argparse.Namespace):
-    """``bert_data.learn_tokenizer`` over --data; HuggingFace tokenizers' errors -> InputError."""
-    try:
-        return bert_data.learn_tokenizer(args.data, vocab_size=args.vocab_size, min_frequency=1)
-    except Exception as exc:
-        if type(exc) is not Exception:  # tokenizers reports bad text (e.g. not UTF-8) as a bare Exception
-            raise
-        raise InputError(f"--data: cannot learn a vocabulary from {', '.join(args.data)} "
-                         f"({str(exc).splitlines()[0]})") from None
-
-
 def build_data(args: argparse.Namespace):
     """(tokenizer, dataset, batches, steps_per_epoch); nothing is written. Bad text -> InputError."""
     try:
         if args.vocab is not None:
             tokenizer = bert_data.load_tokenizer(args.vocab)
         else:
-            tokenizer = _learn_tokenizer(args)
+            tokenizer = bert_data.learn_tokenizer(args.data, vocab_size=args.vocab_size, min_frequency=1)
         dataset = bert_data.create_dataset(args.data, tokenizer, seq_length=args.seq_length,
                                            batch_size=args.batch_size, max_predictions=args.max_predictions,
                                            seed=args.seed)

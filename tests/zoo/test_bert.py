@@ -1,6 +1,6 @@
 """model_zoo/bert: the tiny config pretrains a few masked-LM steps with Lamb and with THOR.
 
-The test writes its own text, learns a WordPiece vocabulary from it (HuggingFace ``tokenizers``), runs
+The test writes its own text, learns a WordPiece vocabulary from it (``bert_data.learn_vocab``), runs
 ``model_zoo/bert/train.py``'s ``main`` (data-sink training, checkpoints) and checks that the losses
 are finite, that every weight moved away from its initial value, and that the final checkpoint
 holds exactly the network's parameters. With THOR the embeddings and dense layers must have become
@@ -64,6 +64,51 @@ def test_wordpiece_data_pipeline(corpus):
     unmasked = np.setdiff1d(np.arange(32), positions[:real])
     assert np.array_equal(ids[unmasked], rows[0][unmasked])  # only chosen positions may change
     assert np.array_equal(input_mask, (rows[0] != pad_id).astype(np.int32)) and not types.any()
+
+
+#: "low" x5, "lower" x2, "newest" x6, "widest" x3 and the vocabulary learned from them, worked out by hand:
+#: the specials, the word-initial characters, the ## characters, then the merges. Pair counts at the start:
+#: (##e ##s) 9, (##s ##t) 9, (##w ##e) 8, (l ##o) 7, (##o ##w) 7, (n ##e) 6, (##e ##w) 6, ... A tie goes to the
+#: pair whose first piece came earlier (##e before ##s; l before ##o; n before ##e; ##w, index 15, before ne,
+#: 20; w before ##i and ##d; ##d before wi), then to the earlier second piece.
+HAND_WORDS = ["low"] * 5 + ["lower"] * 2 + ["newest"] * 6 + ["widest"] * 3
+HAND_ALPHABET = ["l", "n", "w", "##d", "##e", "##i", "##o", "##r", "##s", "##t", "##w"]
+HAND_MERGES = ["##es", "##est", "lo", "low", "ne", "##west", "newest", "wi", "##dest", "widest", "##er", "lower"]
+
+
+def _hand_vocab(tmp_path, **kwargs):
+    path = tmp_path / "hand.txt"
+    path.write_text(" ".join(HAND_WORDS) + "\n", encoding="utf-8")
+    return _load("bert_data").learn_vocab([str(path)], **kwargs), str(path)
+
+
+def test_learned_vocabulary_is_the_hand_computed_one(tmp_path):
+    """Every merge in order; ``min_frequency`` stops before the pairs seen twice; ``vocab_size`` cuts the list."""
+    specials = _load("bert_data").SPECIAL_TOKENS
+    vocab, _ = _hand_vocab(tmp_path, vocab_size=1000, min_frequency=1)
+    assert vocab == specials + HAND_ALPHABET + HAND_MERGES
+    assert _hand_vocab(tmp_path, vocab_size=1000, min_frequency=3)[0] == specials + HAND_ALPHABET + HAND_MERGES[:10]
+    assert _hand_vocab(tmp_path, vocab_size=21, min_frequency=1)[0] == specials + HAND_ALPHABET + HAND_MERGES[:5]
+
+
+def test_learned_tokenizer_reads_every_training_word_whole(tmp_path):
+    _, path = _hand_vocab(tmp_path)
+    tokenizer = _load("bert_data").learn_tokenizer([path], vocab_size=1000, min_frequency=1)
+    assert tokenizer.encode("Lower newest widest low", add_special_tokens=False).tokens == [
+        "lower", "newest", "widest", "low"]
+    assert tokenizer.encode("slow", add_special_tokens=False).tokens == ["[UNK]"]  # no "s" to start a word
+
+
+def test_learned_vocabulary_is_the_same_in_every_process(corpus, tmp_path):
+    """Three fresh processes learn the corpus' vocabulary: the same tokens in the same order (HuggingFace's
+    trainer numbers its ## pieces in hash-map order, so its vocabulary differs from process to process)."""
+    paths, _ = corpus
+    script = ("import hashlib, sys; sys.path.insert(0, sys.argv[1]); from model_zoo.bert import bert_data; "
+              "v = bert_data.learn_vocab(sys.argv[2:], vocab_size=90, min_frequency=1); "
+              "print(len(v), hashlib.sha256(chr(10).join(v).encode()).hexdigest())")
+    outputs = {subprocess.run([sys.executable, "-c", script, REPO, *paths], capture_output=True, text=True,
+                              check=True, timeout=120).stdout for _ in range(3)}
+    assert len(outputs) == 1 and outputs.pop().startswith("90 ")
 
 
 @pytest.mark.slow
