@@ -1,15 +1,24 @@
-r"""``thor(..., learning_rate="adaptive")``: step size and momentum from a quadratic model whose curvature is
-measured on the batch, every step.
+r"""``thor(..., learning_rate="adaptive")``: the step size from a quadratic model whose curvature is measured
+on the batch, every step; with ``momentum="adaptive"`` the momentum coefficient too.
 
-No learning-rate schedule and no fixed momentum: each step combines the new preconditioned direction and
-the previous update with the two coefficients that minimise a quadratic model of the loss over their span
-(Martens & Grosse's K-FAC, section 7; kfac-jax's ``use_adaptive_learning_rate`` with
-``use_adaptive_momentum``). kfac-jax takes the model's curvature from exact curvature-vector products; the
-Kronecker factors alone under-estimate it (their model's minimiser along THOR's own direction is the
-natural-gradient step, far too long where the damping is small). So THOR's model is the Kronecker curvature
-``K`` times a scalar calibration ``kappa``, and ``kappa`` is measured each step from the loss at a trial
-point on the same batch: one extra forward pass, run by the training cell
-(:class:`~ms_optim._thor.probe.LossProbe`).
+No learning-rate schedule. Each step combines the new preconditioned direction ``x`` and the previous update
+``y`` as ``alpha x + beta y``, from a quadratic model of the loss over their span:
+
+* ``momentum`` a number ``mu`` in [0, 1) (what a user of THOR passes anyway): ``beta = mu`` and ``alpha = (1 -
+  mu)`` times the model's minimiser along ``x``. The step is an exponential average of the model's own
+  steps: along a direction the batches agree on it grows to the model's step, and where the batches
+  disagree (the part of each batch's step that fits that batch only) the average cancels it. On small
+  batches the model's minimiser on one batch is far longer than a good step (it fits the batch); the
+  average is what keeps the step short where the gradient noise is large.
+* ``momentum="adaptive"``: ``(alpha, beta)`` minimise the model over the span (Martens & Grosse's K-FAC,
+  section 7; kfac-jax's ``use_adaptive_learning_rate`` with ``use_adaptive_momentum``): greedy for the
+  batch, so on small noisy batches ``beta`` stays near 0 and the step near that batch's minimiser.
+
+kfac-jax takes the model's curvature from exact curvature-vector products; the Kronecker factors alone
+under-estimate it (their model's minimiser along THOR's own direction is the natural-gradient step, far too
+long where the damping is small). So THOR's model is the Kronecker curvature ``K`` times a scalar calibration
+``kappa``, and ``kappa`` is measured each step from the loss at a trial point on the same batch: one extra
+forward pass, run by the training cell (:class:`~ms_optim._thor.probe.LossProbe`).
 
 On step ``t`` with damping ``d`` (the schedule's ``damping[t]`` or the adaptive rule's value), ``wd =
 weight_decay``, ``L0`` the step's loss:
@@ -36,6 +45,10 @@ weight_decay``, ``L0`` the step's loss:
     M(k) = k ([[K(x,x), K(x,y)], [K(x,y), K(y,y)]] + d N) + wd W,   b = [<h,x>, <h,y>],   e = [<g,x>, <g,y>]
         (N, W as 2x2 matrices alike; K, N, W, b, e averaged over the data-parallel ranks: every rank solves
         the same system)
+    step(M, b) = average(M, b) for momentum mu, solve(M, b) for momentum="adaptive":
+    average(M, b): (alpha, beta) = ((1 - mu) (-b0 / M00), mu)   when M00 > 0, -b0 / M00 and its m finite
+                                   (0, 0)     otherwise (no finite model: the parameters stay)
+        then the trust region below
     solve(M, b): the minimiser of m(alpha, beta) = 1/2 [alpha beta] M [alpha beta]^T + b . [alpha beta]:
         2-D:  det = M00 M11 - M01^2;  (alpha, beta) = (M01 b1 - M11 b0, M01 b0 - M00 b1) / det
               when M00 > 0, M11 > 0, det > DEGENERATE * M00 M11, everything finite, and its m is not above
@@ -45,7 +58,7 @@ weight_decay``, ``L0`` the step's loss:
         then, kl_clip = c given: the trust region (alpha, beta) <- (alpha, beta) min(1, sqrt(c / k)) with
         k = [alpha beta] M [alpha beta]^T (the step's curvature norm, twice its KL estimate)
 
-    trial:   (a0, b0) <- solve(M(kappa), b);   p_j = a0 x_j + b0 y_j;   w_j <- w_j + p_j
+    trial:   (a0, b0) <- step(M(kappa), b);   p_j = a0 x_j + b0 y_j;   w_j <- w_j + p_j
     probe:   L_p <- the loss on the same batch at the trial point      (the training cell's extra pass)
              (L0, L_p) averaged over the ranks
     measure: c   = 2 (L_p - L0 - (a0 e0 + b0 e1))        (the loss's curvature along p, measured)
@@ -54,16 +67,17 @@ weight_decay``, ``L0`` the step's loss:
              kappa' = clip(m, max(MAX_FALL kappa, KAPPA_MIN), KAPPA_MAX)   where k_d > 0, else kappa
     reject:  when L_p > L0 or L_p, c are not finite (the trial raised the loss, or gave no number):
              kappa' <- min(FAILED_GROWTH kappa, KAPPA_MAX), at least the kappa' above when c is finite
-    final:   (alpha, beta) <- solve(M(kappa'), b), or (0, 0) when rejected;   s_j = alpha x_j + beta y_j
+    final:   (alpha, beta) <- step(M(kappa'), b), or (0, 0) when rejected;   s_j = alpha x_j + beta y_j
              w_j <- w_j + (s_j - p_j)  (= the weights before the trial + s_j);   y_j <- s_j;   kappa <- kappa'
 
 ``kappa`` starts at 1 (the damped Kronecker model as it is) and carries over between steps, so the trial is
 made with the last step's calibration. It falls at most by MAX_FALL a step (the final step is then at most
 about twice the trial, which was measured) and rises without limit up to ``KAPPA_MAX``: a step after a
-rejected trial tries one FAILED_GROWTH times shorter. Along p the final step is the minimiser of the measured
-quadratic (``kappa' k_d = c``): the line search of one trial. ``alpha`` plays the learning rate and ``beta``
-the momentum; both are recorded (``step_size``, ``momentum_coefficient``), as are ``kappa``
-(``calibration``) and the trial's ``(a0, b0)``.
+rejected trial tries one FAILED_GROWTH times shorter. With ``momentum="adaptive"`` the final step along p is
+the minimiser of the measured quadratic (``kappa' k_d = c``): the line search of one trial; with a momentum
+``mu`` the measured curvature shortens or lengthens the ``1 - mu`` share of the model's step alike.
+``alpha`` plays the learning rate and ``beta`` the momentum; both are recorded (``step_size``,
+``momentum_coefficient``), as are ``kappa`` (``calibration``) and the trial's ``(a0, b0)``.
 
 With ``damping="adaptive"`` the damping rule needs no pass of its own: on an adaptation step its reduction
 ratio is the one the damped Kronecker model's own minimiser along p would get on the measured curvature,
@@ -78,8 +92,8 @@ damped Kronecker model misses curvature the batch shows (``c > 1.75 k_d``) and l
 holds (``c < 1.25 k_d``). It records ``ratio``, ``loss_change = L_p - L0`` and ``predicted = <e,(a0,b0)> +
 k_d / 2`` (the damped model's change for the trial).
 
-What the other arguments become: ``momentum`` is validated as always and not used (the momentum coefficient
-is ``beta``); ``kl_clip`` is the trust region above instead of THOR's scaling of the preconditioned gradient
+What the other arguments become: ``momentum`` is ``mu`` above (below 1; or ``"adaptive"``);
+``kl_clip`` is the trust region above instead of THOR's scaling of the preconditioned gradient
 (which the solve would undo); ``use_nesterov=True`` is refused. The optimizer must be stepped by a training
 cell that runs the probe (ms_optim's ``TrainOneStepCell``, ``TrainOneStepWithLossScaleCell``, ``ModelThor``);
 with MindSpore's own cells the step raises RuntimeError when it compiles, before any parameter changes.
@@ -107,7 +121,14 @@ from ms_optim._thor.config import ThorConfig
 from ms_optim._thor.optimizer import ThorOptimizer
 from ms_optim._thor.parallel import RankMean
 from ms_optim._thor.probe import unbound_message
-from ms_optim._thor.quad_model import DEGENERATE, model_system, quadratic, solve_coefficients, system_terms
+from ms_optim._thor.quad_model import (
+    DEGENERATE,
+    averaged_coefficients,
+    model_system,
+    quadratic,
+    solve_coefficients,
+    system_terms,
+)
 from ms_optim._thor.update import apply_decay, clip_to_unit_norm
 
 __all__ = ["AdaptiveLrThorOptimizer", "QuadraticStep", "DEGENERATE", "KAPPA_MIN", "KAPPA_MAX", "MAX_FALL",
@@ -181,6 +202,8 @@ class QuadraticStep(nn.Cell):
         self.batch_size = float(batch_size)
         self.weight_decay = Tensor(config.weight_decay, mstype.float32)
         self.kl_clip = None if config.kl_clip is None else Tensor(config.kl_clip, mstype.float32)
+        self.adaptive_momentum = bool(config.adaptive_momentum)
+        self.momentum = float(config.momentum)
         self.hyper_map = ops.HyperMap()
         self.weights = parameters
         self.previous = previous
@@ -203,6 +226,13 @@ class QuadraticStep(nn.Cell):
         """Mark the step as run by a training cell that runs the probe (``probe.py``)."""
         self.bound = True
 
+    def coefficients(self, system):
+        """``(alpha, beta)`` of ``system = (M00, M01, M11, b0, b1)``: the 2x2 solve with
+        ``momentum="adaptive"``, else the averaged step with the given momentum (module docstring)."""
+        if self.adaptive_momentum:
+            return solve_coefficients(system, self.kl_clip)
+        return averaged_coefficients(system, self.momentum, self.kl_clip)
+
     def construct(self, weights, gradients, directions, previous, damping, thor_step, factor_loss_scale):
         """The trial: the system, ``(a0, b0)`` with the last calibration, ``w += a0 x + b0 y``."""
         if not self.bound:
@@ -215,8 +245,7 @@ class QuadraticStep(nn.Cell):
                                self.treatments, self.decay_flags, gradients, directions, previous, weights,
                                self.a_factors, self.g_factors)
         system = self.mean_over_ranks(ops.reduce_sum(ops.stack(terms), 0))
-        a0, b0 = solve_coefficients(model_system(system, self.calibration * 1.0, d, self.weight_decay),
-                                    self.kl_clip)
+        a0, b0 = self.coefficients(model_system(system, self.calibration * 1.0, d, self.weight_decay))
         done = ops.assign(self.system, system)
         done = F.depend(done, ops.assign(self.step_damping, d))
         done = F.depend(done, ops.assign(self.trial_step_size, a0))
@@ -250,7 +279,7 @@ class QuadraticStep(nn.Cell):
         grown = ops.minimum(FAILED_GROWTH * kappa, KAPPA_MAX * ops.ones_like(kappa))
         new_kappa = ops.select(damped > 0, clipped_kappa, kappa)
         new_kappa = ops.select(rejected, ops.select(finite, ops.maximum(grown, new_kappa), grown), new_kappa)
-        alpha, beta = solve_coefficients(model_system(system, new_kappa, d, self.weight_decay), self.kl_clip)
+        alpha, beta = self.coefficients(model_system(system, new_kappa, d, self.weight_decay))
         zero = ops.zeros_like(alpha)
         alpha, beta = ops.select(rejected, zero, alpha), ops.select(rejected, zero, beta)
         done = ops.assign(self.calibration, new_kappa)

@@ -54,8 +54,9 @@ class ThorConfig:
 
     ``damping`` is None for ``damping="adaptive"``, whose settings are ``adapt_every`` and
     ``damping_bounds`` (both None otherwise; ``ms_optim._thor.adaptive``); ``learning_rate`` is None for
-    ``learning_rate="adaptive"`` (step size and momentum from the quadratic model:
-    ``ms_optim._thor.adaptive_lr``);
+    ``learning_rate="adaptive"`` (the step size from the quadratic model: ``ms_optim._thor.adaptive_lr``);
+    ``adaptive_momentum`` is ``momentum="adaptive"`` (the momentum coefficient from that model too;
+    ``momentum`` is then 0.0 and not read);
     ``split_indices`` is the fusion split as the all-reduces use it (None: one group);
     ``factor_convention`` is the concrete convention (``"auto"`` resolved); ``ranks`` is the
     data-parallel group size (1 on one device); ``trace_thresholds`` is None or ``(omega_1, omega_2)``.
@@ -81,6 +82,7 @@ class ThorConfig:
     ranks: int
     adapt_every: Optional[int] = None
     damping_bounds: Optional[Tuple[float, float]] = None
+    adaptive_momentum: bool = False
 
     @property
     def adaptive_damping(self) -> bool:
@@ -89,7 +91,7 @@ class ThorConfig:
 
     @property
     def adaptive_lr(self) -> bool:
-        """Whether step size and momentum come from the quadratic model (``learning_rate="adaptive"``)."""
+        """Whether the step size comes from the quadratic model (``learning_rate="adaptive"``)."""
         return self.learning_rate is None
 
     @property
@@ -188,6 +190,23 @@ def _check_adaptive_lr(adaptive: bool, use_nesterov: bool) -> None:
                          f"update), but got use_nesterov=True.")
 
 
+def _check_momentum(momentum, adaptive_lr: bool) -> bool:
+    """``momentum``: a float >= 0, below 1 with ``learning_rate="adaptive"`` (which weights the new step by
+    ``1 - momentum``), or ``"adaptive"`` there only. Returns whether it is ``"adaptive"``."""
+    if isinstance(momentum, str) and momentum == ADAPTIVE:
+        if not adaptive_lr:
+            raise ValueError(f"For '{_NAME}', momentum='{ADAPTIVE}' needs learning_rate='{ADAPTIVE}' (the "
+                             f"quadratic model that chooses it also chooses the step size), but got a "
+                             f"learning-rate schedule.")
+        return True
+    _check_scalar("momentum", momentum, check_float, check_non_negative)
+    if adaptive_lr and momentum >= 1.0:
+        raise ValueError(f"For '{_NAME}', with learning_rate='{ADAPTIVE}' the argument 'momentum' must be "
+                         f"less than 1.0 (each step is momentum times the previous one plus 1 - momentum "
+                         f"times the model's step), but got {momentum!r}.")
+    return False
+
+
 def _check_adaptive(adaptive: bool, adapt_every, damping_bounds, use_nesterov: bool):
     """``adapt_every`` (None or an int >= 1) and ``damping_bounds`` (None or ``(low, high)``, finite float32
     numbers with ``0 < low <= high``), given only with ``damping="adaptive"``; their defaults filled in."""
@@ -269,7 +288,7 @@ def validate_thor(net, learning_rate, damping, momentum, weight_decay, loss_scal
     check_type("net", net, nn.Cell, _NAME, what="a Cell")
     learning_rate = _check_schedule_or_adaptive("learning_rate", learning_rate)
     damping = _check_schedule_or_adaptive("damping", damping)
-    _check_scalar("momentum", momentum, check_float, check_non_negative)
+    adaptive_momentum = _check_momentum(momentum, learning_rate is None)
     _check_scalar("weight_decay", weight_decay, check_number, check_non_negative)
     _check_scalar("loss_scale", loss_scale, check_number, check_positive)
     batch_size = _whole_number("batch_size", batch_size)
@@ -301,7 +320,8 @@ def validate_thor(net, learning_rate, damping, momentum, weight_decay, loss_scal
     ranks = data_parallel_group_size()
     splits = _fusion_splits(split_indices, num_layers, ranks)
     check_distribute_inverses(distribute_inverses, convention, factor_convention, _NAME)
-    return ThorConfig(learning_rate=learning_rate, damping=damping, momentum=float(momentum),
+    return ThorConfig(learning_rate=learning_rate, damping=damping,
+                      momentum=0.0 if adaptive_momentum else float(momentum),
                       weight_decay=float(weight_decay), loss_scale=float(loss_scale),
                       batch_size=int(batch_size), use_nesterov=bool(use_nesterov), decay_filter=decay_filter,
                       split_indices=splits,
@@ -309,4 +329,4 @@ def validate_thor(net, learning_rate, damping, momentum, weight_decay, loss_scal
                       block_size=int(block_size), kl_clip=None if kl_clip is None else float(kl_clip),
                       factor_convention=convention, distribute_inverses=bool(distribute_inverses),
                       trace_thresholds=thresholds, ranks=ranks, adapt_every=adapt_every,
-                      damping_bounds=damping_bounds)
+                      damping_bounds=damping_bounds, adaptive_momentum=adaptive_momentum)

@@ -58,15 +58,17 @@ def thor(net, learning_rate, damping, momentum, weight_decay=0.0, loss_scale=1.0
         net (Cell): the training network (converted in place).
         learning_rate (Union[Tensor, str]): per-step learning rates (1-D, indexed by the step) or one 0-D
             value. Or ``"adaptive"``: no schedule; every step is ``alpha x + beta y``, x the new
-            preconditioned direction (after weight decay and clipping) and y the previous update, with
-            ``(alpha, beta)`` minimising THOR's quadratic model ``1/2 w^T M w + b^T w`` (M from the stored
-            factors plus ``damping`` times the identity, scaled by a calibration measured every step from the
-            loss at a trial point on the same batch, an extra forward pass of the training cell; b from the
-            step's gradients: a 2x2 solve, the 1-D step ``(-b0 / M00, 0)`` when that system is singular or
-            not finite, no step when neither is finite or when the trial raised the loss); ``momentum`` is
-            then not used (beta is the momentum), ``kl_clip`` is the trust region ``w^T M w <= kl_clip`` and
-            ``use_nesterov`` must be False. Works with a damping Tensor and with ``damping="adaptive"``
-            (``ms_optim._thor.adaptive_lr`` has the formulas). Train with ``ms_optim.nn.TrainOneStepCell``,
+            preconditioned direction (after weight decay and clipping) and y the previous update, from THOR's
+            quadratic model ``1/2 w^T M w + b^T w`` (M from the stored factors plus ``damping`` times the
+            identity, scaled by a calibration measured every step from the loss at a trial point on the same
+            batch, an extra forward pass of the training cell; b from the step's gradients):
+            ``beta = momentum`` and ``alpha = (1 - momentum) * (-b0 / M00)`` (the model's step along x,
+            averaged over steps by the momentum), or with ``momentum="adaptive"`` the ``(alpha, beta)``
+            minimising the model (a 2x2 solve, the 1-D step ``(-b0 / M00, 0)`` when that system is singular
+            or not finite); no step when the model gives no finite step or the trial raised the loss;
+            ``kl_clip`` is the trust region ``w^T M w <= kl_clip`` and ``use_nesterov`` must be False. Works
+            with a damping Tensor and with ``damping="adaptive"`` (``ms_optim._thor.adaptive_lr`` has the
+            formulas). Train with ``ms_optim.nn.TrainOneStepCell``,
             ``ms_optim.nn.TrainOneStepWithLossScaleCell`` or ``ModelThor``, which run that pass.
         damping (Union[Tensor, str]): per-step damping (1-D) or one 0-D value; ``sqrt(damping)`` is added to
             the factors' diagonals. Or ``"adaptive"``: no schedule; the damping starts from a heuristic on
@@ -76,7 +78,8 @@ def thor(net, learning_rate, damping, momentum, weight_decay=0.0, loss_scale=1.0
             recomputed when it changes (``ms_optim._thor.adaptive`` has the formulas). Train with
             ``ms_optim.nn.TrainOneStepCell``, ``ms_optim.nn.TrainOneStepWithLossScaleCell`` or ``ModelThor``,
             which run that pass.
-        momentum (float): momentum, at least 0.0 (validated but not used with ``learning_rate="adaptive"``).
+        momentum (Union[float, str]): momentum, at least 0.0; below 1.0 with ``learning_rate="adaptive"``,
+            where it may also be ``"adaptive"`` (chosen by the quadratic model each step).
         weight_decay (int, float): L2 penalty ``wd * w`` added on parameters ``decay_filter`` keeps.
             Default: 0.0.
         loss_scale (int, float): the static loss scale the gradients carry (divided out). G is divided
@@ -154,8 +157,9 @@ def thor(net, learning_rate, damping, momentum, weight_decay=0.0, loss_scale=1.0
     Raises:
         TypeError: If `learning_rate` or `damping` is neither a Tensor nor a str; if
             `damping_bounds` is not None or a pair of numbers; if `adapt_every` is not an int.
-        TypeError: If `momentum` is not a float, `frequency` not an int, `batch_size` not an int or float,
-            `loss_scale`, `weight_decay` or `kl_clip` (unless None) not a number, `use_nesterov` not a bool,
+        TypeError: If `momentum` is not a float or 'adaptive', `frequency` not an int, `batch_size` not an
+            int or float, `loss_scale`, `weight_decay` or `kl_clip` (unless None) not a number,
+            `use_nesterov` not a bool,
             `enable_clip_grad` not a bool or int,
             `decay_filter` not callable, `split_indices` not a list of ints, `net` not a Cell,
             `factor_convention` not a str, `distribute_inverses` not a bool, `trace_thresholds` not None,
@@ -175,7 +179,8 @@ def thor(net, learning_rate, damping, momentum, weight_decay=0.0, loss_scale=1.0
             `net` has no layer THOR can precondition or no trainable parameter; if `net` is itself a
             bare plain layer (``nn.Dense``, ...), which cannot be replaced in place: wrap it in a Cell.
         ValueError: If `learning_rate` is a str other than 'adaptive'; if `learning_rate` is 'adaptive' and
-            `use_nesterov` True.
+            `use_nesterov` True or `momentum` 1.0 or more; if `momentum` is 'adaptive' and `learning_rate`
+            is not.
         ValueError: If `damping` is a str other than 'adaptive'; if `adapt_every` or `damping_bounds` is given
             with a damping Tensor; if `adapt_every` is less than 1 or beyond int32; if `damping_bounds` is not
             ``(low, high)`` with ``0 < low <= high`` finite in float32; if `damping` is 'adaptive' and

@@ -40,7 +40,7 @@ from mindspore.ops import composite as C
 from ms_optim._thor import preconditioner as pc
 
 __all__ = ["model_term", "predicted_change", "system_terms", "model_system", "solve_coefficients",
-           "quadratic", "DEGENERATE"]
+           "averaged_coefficients", "quadratic", "DEGENERATE"]
 
 #: the 2x2 system counts as singular when det <= DEGENERATE * M00 * M11 (the directions nearly parallel)
 DEGENERATE = 1e-5
@@ -149,16 +149,36 @@ def model_system(terms, kappa, damping, weight_decay):
     return ops.concat([m, terms[9:11]])
 
 
+def _one_dimensional(system):
+    """``(-b0 / M00, usable)``: the model's minimiser along x alone, usable when ``M00 > 0`` and it and its
+    model value are finite."""
+    m00, b0 = system[0], system[3]
+    zero = ops.zeros((), mstype.float32)
+    alpha = -b0 / ops.select(m00 > 0, m00, ops.ones((), mstype.float32))
+    value, _ = _model(alpha, zero, system)
+    return alpha, ops.logical_and(m00 > 0, ops.logical_and(ops.isfinite(alpha), ops.isfinite(value)))
+
+
+def _trust_region(alpha, beta, system, kl_clip):
+    """``(alpha, beta) min(1, sqrt(kl_clip / k))``, ``k = [alpha beta] M [alpha beta]^T`` (unchanged where
+    ``k`` is not positive and finite, or without ``kl_clip``)."""
+    if kl_clip is None:
+        return alpha, beta
+    one = ops.ones((), mstype.float32)
+    _, k = _model(alpha, beta, system)
+    usable = ops.logical_and(ops.isfinite(k), k > 0)
+    nu = ops.select(usable, ops.minimum(one, ops.sqrt(kl_clip / ops.select(usable, k, one))), one)
+    return alpha * nu, beta * nu
+
+
 def solve_coefficients(system, kl_clip=None):
     """``(alpha, beta)`` from ``system = (M00, M01, M11, b0, b1)`` (float32 vector): the 2-D minimiser, the
     1-D fallback or zero, then the ``kl_clip`` trust region (module docstring); always finite."""
     m00, m01, m11, b0, b1 = system[0], system[1], system[2], system[3], system[4]
     zero = ops.zeros((), mstype.float32)
     one = ops.ones((), mstype.float32)
-    safe00 = ops.select(m00 > 0, m00, one)
-    alpha1 = -b0 / safe00
+    alpha1, ok1 = _one_dimensional(system)
     q1, _ = _model(alpha1, zero, system)
-    ok1 = ops.logical_and(m00 > 0, ops.logical_and(ops.isfinite(alpha1), ops.isfinite(q1)))
     det = m00 * m11 - m01 * m01
     regular = ops.logical_and(ops.logical_and(m00 > 0, m11 > 0), det > DEGENERATE * m00 * m11)
     safe_det = ops.select(regular, det, one)
@@ -169,9 +189,16 @@ def solve_coefficients(system, kl_clip=None):
     ok2 = ops.logical_and(ops.logical_and(regular, finite2), ops.logical_or(q2 <= q1, ops.logical_not(ok1)))
     alpha = ops.select(ok2, alpha2, ops.select(ok1, alpha1, zero))
     beta = ops.select(ok2, beta2, zero)
-    if kl_clip is not None:
-        _, k = _model(alpha, beta, system)
-        usable = ops.logical_and(ops.isfinite(k), k > 0)
-        nu = ops.select(usable, ops.minimum(one, ops.sqrt(kl_clip / ops.select(usable, k, one))), one)
-        alpha, beta = alpha * nu, beta * nu
-    return alpha, beta
+    return _trust_region(alpha, beta, system, kl_clip)
+
+
+def averaged_coefficients(system, momentum, kl_clip=None):
+    """``(alpha, beta) = ((1 - momentum) (-b0 / M00), momentum)`` from ``system = (M00, M01, M11, b0, b1)``:
+    the step is ``momentum`` times the previous one plus ``1 - momentum`` times the model's minimiser along
+    the new direction; ``(0, 0)`` when that minimiser is not usable (``M00 <= 0`` or not finite); then the
+    ``kl_clip`` trust region (module docstring); always finite."""
+    zero = ops.zeros((), mstype.float32)
+    alpha1, ok1 = _one_dimensional(system)
+    alpha = ops.select(ok1, (1.0 - momentum) * alpha1, zero)
+    beta = ops.select(ok1, momentum + zero, zero)
+    return _trust_region(alpha, beta, system, kl_clip)

@@ -164,6 +164,22 @@ def solve_coefficients(m: Array, b: Array, kl_clip: Optional[float] = None) -> T
     return float(w[0]), float(w[1])
 
 
+def averaged_coefficients(m: Array, b: Array, momentum: float,
+                          kl_clip: Optional[float] = None) -> Tuple[float, float]:
+    """``((1 - momentum) (-b0 / M00), momentum)`` when ``M00 > 0`` and that step and its model value are finite,
+    else ``(0, 0)``; then the trust region ``w^T M w <= kl_clip``."""
+    w = np.zeros(2)
+    if m[0, 0] > 0:
+        alpha = -b[0] / m[0, 0]
+        if math.isfinite(alpha) and math.isfinite(0.5 * alpha ** 2 * m[0, 0] + alpha * b[0]):
+            w = np.array([(1.0 - momentum) * alpha, momentum])
+    if kl_clip is not None:
+        k = quadratic_form(m, w)
+        if math.isfinite(k) and k > 0:
+            w = w * min(1.0, math.sqrt(kl_clip / k))
+    return float(w[0]), float(w[1])
+
+
 class AdaptiveLrMixin:
     """``learning_rate="adaptive"`` over :class:`ThorReference` (or :class:`AdaptiveThorReference`), written from
     the formulas of ``ms_optim/_thor/adaptive_lr.py``'s docstring. On step t, with ``x = -u`` (the preconditioned
@@ -174,11 +190,13 @@ class AdaptiveLrMixin:
 
         K(a, b) = sum_j c_j(a_j, b_j)  (the stored factors of the last THOR step);  N = <a, b>;  W = N on decayed
         M(k) = k (K + d N) + wd W;  b = [<h,x>, <h,y>];  e = [<g,x>, <g,y>]
-        trial   (a0, b0) = solve(M(kappa), b);  p = a0 x + b0 y;  L_p = loss(w + p) on the step's batch
+        step(M, b) = solve(M, b) with momentum="adaptive", else ((1 - mu) (-b0 / M00), mu) (0 when no finite
+            1-D step), then the trust region
+        trial   (a0, b0) = step(M(kappa), b);  p = a0 x + b0 y;  L_p = loss(w + p) on the step's batch
         c = 2 (L_p - L0 - (a0 e0 + b0 e1));  k_d = [a0 b0](K + d N)[a0 b0]^T;  m = c / k_d
         kappa' = clip(m, max(0.5 kappa, 1e-4), 1e8) if k_d > 0 else kappa
         rejected (L_p > L0, or L_p / c not finite): kappa' = max(min(10 kappa, 1e8), kappa' if c finite); (0, 0)
-        else (alpha, beta) = solve(M(kappa'), b);  w <- w + alpha x + beta y;  y <- alpha x + beta y
+        else (alpha, beta) = step(M(kappa'), b);  w <- w + alpha x + beta y;  y <- alpha x + beta y
         damping="adaptive", adaptation step: rho = 2 - m (-100 if L_p, c or rho not finite or k_d <= 0),
             L1 - L0 := L_p - L0,  q := a0 e0 + b0 e1 + k_d / 2
 
@@ -187,7 +205,8 @@ class AdaptiveLrMixin:
     and ``systems`` (``dict(K, N, W, b, e, d, M)``, 2x2 matrices and 2-vectors; ``M`` the trial's M(kappa));
     ``moments`` hold the previous update."""
 
-    def _init_adaptive_lr(self) -> None:
+    def _init_adaptive_lr(self, momentum) -> None:
+        self.momentum_rule = momentum  # "adaptive" or mu
         self.kappa = 1.0
         self.alphas, self.betas, self.trials, self.kappas, self.measured = [], [], [], [], []
         self.rejected, self.trial_losses, self.curvatures, self.systems = [], [], [], []
@@ -239,6 +258,12 @@ class AdaptiveLrMixin:
                     w_m[i, j] += dot if self.decay_filter(pname) else 0.0  # (times wd in M: 0 without decay)
         return dict(K=k, N=n, W=w_m, b=b, e=e, d=damping), xs, ys
 
+    def coefficients(self, m: Array, b: Array) -> Tuple[float, float]:
+        """``step(M, b)``: the 2x2 solve with momentum="adaptive", else the averaged step."""
+        if self.momentum_rule == "adaptive":
+            return solve_coefficients(m, b, self.kl_clip)
+        return averaged_coefficients(m, b, self.momentum_rule, self.kl_clip)
+
     def model_matrix(self, system: dict, kappa: float) -> Array:
         """``M(kappa) = kappa (K + d N) + wd W``."""
         return kappa * (system["K"] + system["d"] * system["N"]) + self.weight_decay * system["W"]
@@ -249,7 +274,7 @@ class AdaptiveLrMixin:
         system, xs, ys = self._system(new, grads, damping)
         kappa = self.kappa
         system["M"] = self.model_matrix(system, kappa)
-        a0, b0 = solve_coefficients(system["M"], system["b"], self.kl_clip)
+        a0, b0 = self.coefficients(system["M"], system["b"])
         trial = {p: self.params[p] + a0 * xs[p] + b0 * ys[p] for p in new}
         loss_trial, _, _ = self.model.forward_backward(trial, *self.batch)
         change = loss_trial - self.losses[-1]
@@ -265,7 +290,7 @@ class AdaptiveLrMixin:
             new_kappa = max(grown, new_kappa) if finite else grown
             alpha, beta = 0.0, 0.0
         else:
-            alpha, beta = solve_coefficients(self.model_matrix(system, new_kappa), system["b"], self.kl_clip)
+            alpha, beta = self.coefficients(self.model_matrix(system, new_kappa), system["b"])
         for p in new:
             s = alpha * xs[p] + beta * ys[p]
             self.params[p] = self.params[p] + s
@@ -288,14 +313,14 @@ class AdaptiveLrMixin:
 class AdaptiveLrThorReference(AdaptiveLrMixin, ThorReference):
     """``learning_rate="adaptive"`` with a damping schedule."""
 
-    def __init__(self, model, params, damping, **kwargs):
+    def __init__(self, model, params, damping, momentum="adaptive", **kwargs):
         super().__init__(model, params, [0.0], damping, 0.0, **kwargs)
-        self._init_adaptive_lr()
+        self._init_adaptive_lr(momentum)
 
 
 class AdaptiveLrDampingReference(AdaptiveLrMixin, AdaptiveThorReference):
     """``learning_rate="adaptive"`` with ``damping="adaptive"`` (kfac-jax's default combination)."""
 
-    def __init__(self, model, params, **kwargs):
+    def __init__(self, model, params, momentum="adaptive", **kwargs):
         super().__init__(model, params, [0.0], 0.0, **kwargs)
-        self._init_adaptive_lr()
+        self._init_adaptive_lr(momentum)

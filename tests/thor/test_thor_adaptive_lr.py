@@ -12,6 +12,7 @@ import pytest
 from mindspore import Tensor, nn
 from mindspore.amp import DynamicLossScaleManager
 from reference.thor_adaptive_ref import AdaptiveLrDampingReference, AdaptiveLrThorReference
+from reference.thor_adaptive_ref import averaged_coefficients as averaged_ref
 from reference.thor_adaptive_ref import solve_coefficients as solve_ref
 from reference.thor_ref import EmbedRef, MLPRef
 from support import adaptive_lr_checks as checks
@@ -23,7 +24,7 @@ from ms_optim import nn as ms_nn
 from ms_optim import thor
 from ms_optim._thor import adaptive_lr
 from ms_optim._thor.adaptive_lr import UNBOUND_MESSAGE
-from ms_optim._thor.quad_model import solve_coefficients
+from ms_optim._thor.quad_model import averaged_coefficients, solve_coefficients
 
 STEPS = 6
 FREQUENCY = 3
@@ -70,22 +71,39 @@ def _train_cell(net, opt):
 
 
 def _exercised(ref):
-    """Step 0 took the 1-D step (no previous update), later steps the 2-D one, and the loss went down."""
-    assert ref.betas[0] == 0.0 and any(abs(b) > 1e-3 for b in ref.betas[1:]), ref.betas
+    """The loss went down; with momentum="adaptive" step 0 took the 1-D step (no previous update) and later steps
+    the 2-D one; with a momentum mu every kept step has beta = mu (and some step was kept after step 0)."""
     assert ref.losses[-1] < 0.5 * ref.losses[0], ref.losses
+    if ref.momentum_rule == "adaptive":
+        assert ref.betas[0] == 0.0 and any(abs(b) > 1e-3 for b in ref.betas[1:]), ref.betas
+    else:  # the kl_clip trust region scales beta with alpha
+        kept = [b for b, rejected in zip(ref.betas, ref.rejected) if not rejected]
+        mu = ref.momentum_rule
+        assert len(kept) > 1 and all(b == mu if ref.kl_clip is None else 0 < b <= mu for b in kept), (
+            ref.betas, ref.rejected)
 
 
+def _unclipped(ref, m, b):
+    """The oracle's step for ``M, b`` without the trust region."""
+    if ref.momentum_rule == "adaptive":
+        return np.array(solve_ref(m, b))
+    return np.array(averaged_ref(m, b, ref.momentum_rule))
+
+
+# momentum 0.5 rather than 0.9: the trial is (1 - mu) times the model's step, and the loss change it makes must
+# stay far above float32's rounding for the measured calibration to be comparable with the float64 oracle's
+@pytest.mark.parametrize("momentum", ["adaptive", 0.5])
 @pytest.mark.parametrize("case", sorted(CASES))
-def test_adaptive_lr_with_damping_schedule_matches_reference(mode, rng, case):
+def test_adaptive_lr_with_damping_schedule_matches_reference(mode, rng, case, momentum):
     """A damping schedule, through ms_optim's TrainOneStepCell (the loss at the trial point, every step)."""
     make, model, kwargs, ref_kwargs = CASES[case]
     net = make()
     init_params(net, rng)
     damping = np.linspace(0.5, 0.2, STEPS).astype(np.float32)
     size = _batch_size(case)
-    ref = AdaptiveLrThorReference(model, param_values(net), damping, batch_size=size, frequency=FREQUENCY,
-                                  **ref_kwargs)
-    opt = thor(net, "adaptive", Tensor(damping), 0.9, batch_size=size, frequency=FREQUENCY, **kwargs)
+    ref = AdaptiveLrThorReference(model, param_values(net), damping, momentum, batch_size=size,
+                                  frequency=FREQUENCY, **ref_kwargs)
+    opt = thor(net, "adaptive", Tensor(damping), momentum, batch_size=size, frequency=FREQUENCY, **kwargs)
     cell = _train_cell(net, opt)
     x, y = _batch(rng, case)
     for step in range(STEPS):
@@ -95,10 +113,10 @@ def test_adaptive_lr_with_damping_schedule_matches_reference(mode, rng, case):
     _exercised(ref)
     checks.measured_kappa_checked(ref)
     if case == "mlp_kl_clip":  # the trust region was active on some trial, and on some final step
-        unclipped = [np.array(solve_ref(s["M"], s["b"])) for s in ref.systems]
+        unclipped = [_unclipped(ref, s["M"], s["b"]) for s in ref.systems]
         assert any(float(w @ s["M"] @ w) > 0.05 * 1.01 for w, s in zip(unclipped, ref.systems)), unclipped
         finals = [ref.model_matrix(s, k) for s, k in zip(ref.systems, ref.kappas)]
-        unclipped = [np.array(solve_ref(m, s["b"])) for m, s in zip(finals, ref.systems)]
+        unclipped = [_unclipped(ref, m, s["b"]) for m, s in zip(finals, ref.systems)]
         clipped = [t for t, (w, m) in enumerate(zip(unclipped, finals)) if float(w @ m @ w) > 0.05 * 1.01]
         assert clipped and not any(ref.rejected), unclipped
         for t in clipped:  # the final step on the boundary of the trust region of M(kappa')
@@ -108,16 +126,17 @@ def test_adaptive_lr_with_damping_schedule_matches_reference(mode, rng, case):
         assert opt.inverse == "full"
 
 
-def _adaptive_both(rng, case="mlp", adapt_every=2, size=None):
+def _adaptive_both(rng, case="mlp", adapt_every=2, size=None, momentum=0.9):
     """Both adaptive on ``case``'s net ("mlp" or "embedding..."): (net, optimizer, oracle)."""
     size = size or _batch_size(case)
     make, model, ref_kwargs = ((EmbedNet, EmbedRef(1e-7), dict(layernorm=("ln",))) if case.startswith("embedding")
                                else (MLP, MLPRef(), {}))
     net = make()
     init_params(net, rng)
-    ref = AdaptiveLrDampingReference(model, param_values(net), batch_size=size, frequency=FREQUENCY,
+    ref = AdaptiveLrDampingReference(model, param_values(net), momentum, batch_size=size, frequency=FREQUENCY,
                                      adapt_every=adapt_every, **ref_kwargs)
-    opt = thor(net, "adaptive", "adaptive", 0.9, batch_size=size, frequency=FREQUENCY, adapt_every=adapt_every)
+    opt = thor(net, "adaptive", "adaptive", momentum, batch_size=size, frequency=FREQUENCY,
+               adapt_every=adapt_every)
     return net, opt, ref
 
 
@@ -136,9 +155,10 @@ def _check_damping(opt, ref, step):
                                    err_msg=f"ratio of step {step}")
 
 
-def test_adaptive_lr_with_adaptive_damping_matches_reference(mode, rng):
-    """kfac-jax's default combination, through ms_optim's TrainOneStepCell (the pass at the trial point)."""
-    net, opt, ref = _adaptive_both(rng)
+@pytest.mark.parametrize("momentum", ["adaptive", 0.5])
+def test_adaptive_lr_with_adaptive_damping_matches_reference(mode, rng, momentum):
+    """Both adaptive, through ms_optim's TrainOneStepCell (the pass at the trial point)."""
+    net, opt, ref = _adaptive_both(rng, momentum=momentum)
     cell = _train_cell(net, opt)
     x, y = _batch(rng, "mlp")
     for step in range(STEPS):
@@ -153,10 +173,10 @@ def test_adaptive_lr_with_adaptive_damping_matches_reference(mode, rng):
 
 
 def test_adaptive_damping_ratio_is_the_trials_and_rises_on_missed_curvature(mode, rng):
-    """Both adaptive, adapting every step, on the embedding + LayerNorm net: each step's ratio is the oracle's
-    ``2 - m``, and after a step whose measured curvature exceeds 1.75 times the damped Kronecker model's
+    """Both adaptive (momentum too), adapting every step, on the embedding + LayerNorm net: each step's ratio is
+    the oracle's ``2 - m``, and after a step whose measured curvature exceeds 1.75 times the damped Kronecker model's
     (``m > 1.75``: ratio below 1/4) the damping rises by ``1 / omega``; where ``m < 1.25`` it falls."""
-    net, opt, ref = _adaptive_both(rng, "embedding", adapt_every=1, size=32)
+    net, opt, ref = _adaptive_both(rng, "embedding", adapt_every=1, size=32, momentum="adaptive")
     cell = _train_cell(net, opt)
     x, y = _batch(rng, "embedding", 32)
     rule = opt.damping_rule
@@ -180,17 +200,17 @@ def test_adaptive_damping_ratio_is_the_trials_and_rises_on_missed_curvature(mode
 
 
 def test_rejected_trial_keeps_the_parameters_and_grows_kappa(mode, rng):
-    """The embedding + LayerNorm case on 24 samples: step 2's trial, made with the kappa step 1 measured (0.6),
-    raises the loss. Nothing of it is kept: the parameters are those before the step, the stored update
-    (``moments``) is 0 and kappa grows at least tenfold; step 3 starts again from there (no previous update: the
-    1-D step) with a trial ten times shorter, which is kept."""
+    """The embedding + LayerNorm case on 24 samples, momentum="adaptive": step 2's trial, made with the kappa
+    step 1 measured (0.6), raises the loss. Nothing of it is kept: the parameters are those before the step, the
+    stored update (``moments``) is 0 and kappa grows at least tenfold; step 3 starts again from there (no previous
+    update: the 1-D step) with a trial ten times shorter, which is kept."""
     make, model, kwargs, ref_kwargs = CASES["embedding_layernorm"]
     net = make()
     init_params(net, rng)
     damping = np.linspace(0.5, 0.2, STEPS).astype(np.float32)
-    ref = AdaptiveLrThorReference(model, param_values(net), damping, batch_size=24, frequency=FREQUENCY,
-                                  **ref_kwargs)
-    opt = thor(net, "adaptive", Tensor(damping), 0.9, batch_size=24, frequency=FREQUENCY, **kwargs)
+    ref = AdaptiveLrThorReference(model, param_values(net), damping, "adaptive", batch_size=24,
+                                  frequency=FREQUENCY, **ref_kwargs)
+    opt = thor(net, "adaptive", Tensor(damping), "adaptive", batch_size=24, frequency=FREQUENCY, **kwargs)
     cell = _train_cell(net, opt)
     x, y = _batch(rng, "embedding", 24)
     rule = opt.quadratic_step
@@ -268,19 +288,28 @@ def test_mindspore_cell_is_refused_before_any_update(mode, rng):
     assert checks.value(opt.quadratic_step.calibration) == 1.0
 
 
-def test_momentum_argument_is_not_used(mode, rng):
-    """The momentum coefficient is the model's beta: momentum=0.0 and 0.9 give the same parameters."""
+def test_momentum_is_beta_and_weights_the_model_step(mode, rng):
+    """momentum=mu: every kept step has beta = mu, and the first trial (no previous update, kappa 1: the same
+    system for every momentum) is (1 - mu) times momentum="adaptive"'s 1-D step."""
     (x, y), = mlp_batches(rng, 1, batch=8)
-    runs = []
-    for momentum in (0.0, 0.9):
+    first_trials = {}
+    for momentum in ("adaptive", 0.0, 0.5):
         net = MLP()
         init_params(net, np.random.default_rng(5))
-        cell = _train_cell(net, thor(net, "adaptive", Tensor(0.3), momentum, batch_size=8, frequency=FREQUENCY))
-        for _ in range(3):
+        opt = thor(net, "adaptive", Tensor(0.3), momentum, batch_size=8, frequency=FREQUENCY)
+        cell = _train_cell(net, opt)
+        rule = opt.quadratic_step
+        for step in range(3):
             cell(Tensor(x), Tensor(y))
-        runs.append(param_values(net))
-    for name, value in runs[0].items():
-        np.testing.assert_array_equal(runs[1][name], value, err_msg=name)
+            if step == 0:
+                first_trials[momentum] = (checks.value(rule.trial_step_size),
+                                          checks.value(rule.trial_momentum_coefficient))
+            if momentum != "adaptive" and checks.value(rule.step_size) != 0.0:
+                assert checks.value(rule.momentum_coefficient) == momentum, (momentum, step)
+    alpha = first_trials["adaptive"][0]
+    assert alpha > 0 and first_trials["adaptive"][1] == 0.0
+    assert first_trials[0.0] == (alpha, 0.0)
+    assert first_trials[0.5] == (pytest.approx(0.5 * alpha, rel=1e-6), 0.5)
 
 
 def _loss_after_one_step(rng, learning_rate):
@@ -315,6 +344,23 @@ SYSTEMS = {  # (M00, M01, M11, b0, b1)
 
 @pytest.mark.parametrize("name", sorted(SYSTEMS))
 @pytest.mark.parametrize("kl_clip", [None, 0.1])
+def test_averaged_coefficients_match_reference_and_are_finite(mode, name, kl_clip):
+    system = np.array(SYSTEMS[name], np.float64)
+    m = np.array([[system[0], system[1]], [system[1], system[2]]])
+    want = averaged_ref(m, system[3:], 0.9, kl_clip)
+    clip = None if kl_clip is None else Tensor(kl_clip, ms.float32)
+    alpha, beta = averaged_coefficients(Tensor(system.astype(np.float32)), 0.9, clip)
+    got = (float(alpha.asnumpy()), float(beta.asnumpy()))
+    assert np.all(np.isfinite(got)), got
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-7)
+    expected = {"regular": (0.05, 0.9), "first_step": (0.05, 0.9), "parallel": (0.1, 0.9), "nan": (0.05, 0.9),
+                "inf_b": (0.0, 0.0), "zero": (0.0, 0.0)}[name]
+    if kl_clip is None:
+        assert want == pytest.approx(expected)
+
+
+@pytest.mark.parametrize("name", sorted(SYSTEMS))
+@pytest.mark.parametrize("kl_clip", [None, 0.1])
 def test_solve_coefficients_matches_reference_and_is_finite(mode, name, kl_clip):
     system = np.array(SYSTEMS[name], np.float64)
     m = np.array([[system[0], system[1]], [system[1], system[2]]])
@@ -340,7 +386,10 @@ BAD = [
     (dict(use_nesterov=True), ValueError, "learning_rate='adaptive' needs use_nesterov=False.*but got "
                                           "use_nesterov=True"),
     (dict(momentum=-0.5), ValueError, "'momentum'"),
-    (dict(momentum="adaptive"), TypeError, "'momentum'"),
+    (dict(momentum=1.0), ValueError, "'momentum' must be less than 1.0.*but got 1.0"),
+    (dict(momentum="adaptiv"), TypeError, "'momentum'"),
+    (dict(learning_rate=Tensor(0.1), momentum="adaptive"), ValueError,
+     "momentum='adaptive' needs learning_rate='adaptive'"),
 ]
 
 
@@ -364,5 +413,8 @@ def test_default_path_is_the_scheduled_optimizer():
     assert type(scheduled) is ThorOptimizer and not scheduled.config.adaptive_lr
     adaptive = thor(MLP(), "adaptive", Tensor(0.03), 0.9)
     assert type(adaptive) is AdaptiveLrThorOptimizer and adaptive.config.learning_rate is None
+    assert not adaptive.config.adaptive_momentum and adaptive.config.momentum == 0.9
+    both = thor(MLP(), "adaptive", Tensor(0.03), "adaptive").config
+    assert both.adaptive_momentum and both.momentum == 0.0
     assert float(adaptive.get_lr().asnumpy()) == 0.0
 
