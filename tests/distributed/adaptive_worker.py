@@ -3,7 +3,8 @@ reference).
 
 Trains ``worker.SmallNet`` (conv + 2 Dense, ``support.thor_runs.init_params``'s values) for ``STEPS`` steps
 with ``thor(...)`` in three settings (``RUNS``): ``damping="adaptive"`` with a learning-rate Tensor,
-``learning_rate="adaptive"`` with a damping Tensor, and both adaptive, each on two kinds of global batch
+``learning_rate="adaptive"`` with a damping Tensor (momentum 0.9: the averaged step), and all three adaptive
+(``momentum="adaptive"`` too: the 2x2 solve), each on two kinds of global batch
 (``DATA``): ``"split"``, 8 samples of which each rank takes its own half, and ``"twin"``, whose two halves are
 the same 4 samples (so each rank's factors are the factors of the concatenated batch), in GRAPH and PYNATIVE
 mode. Under ``msrun``: data parallel, ``gradients_mean=True``;
@@ -41,6 +42,8 @@ from worker import (  # noqa: E402
 STEPS = 6
 #: run -> (learning_rate, damping): "adaptive" or a constant Tensor's value
 RUNS = {"damping": (0.05, "adaptive"), "lr": ("adaptive", 0.3), "both": ("adaptive", "adaptive")}
+#: the momentum argument of each run: the averaged step with 0.9, the 2x2 solve ("adaptive") where both adapt
+MOMENTUM = {"damping": 0.9, "lr": 0.9, "both": "adaptive"}
 DATA = ("split", "twin")
 
 
@@ -67,7 +70,7 @@ def run(name: str, data: str, rank: int, local: int):
     net = SmallNet()
     init_params(net, np.random.default_rng(11))  # well-scaled (the same on every rank and alone)
     learning_rate, damping = RUNS[name]
-    opt = thor(net, _schedule(learning_rate), _schedule(damping), 0.9, batch_size=local, frequency=2,
+    opt = thor(net, _schedule(learning_rate), _schedule(damping), MOMENTUM[name], batch_size=local, frequency=2,
                **(dict(adapt_every=2) if damping == "adaptive" else {}))
     loss = nn.SoftmaxCrossEntropyWithLogits(sparse=True, reduction="mean")
     cell = ms_nn.TrainOneStepCell(nn.WithLossCell(net, loss), opt).set_train()
