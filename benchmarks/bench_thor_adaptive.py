@@ -18,9 +18,10 @@ Tasks (every run of a task starts from the same initial weights and sees the sam
 Runs per task, every one with ``ms_optim.nn.TrainOneStepCell``, momentum 0.9 and no per-task tuning:
 
 * ``adaptive``: ``thor(net, "adaptive", "adaptive", 0.9, frequency=--frequency)``, every other setting at
-  its default. ``--adaptive`` names what is adaptive: ``damping,lr`` (the default: ``learning_rate=
-  "adaptive"`` too), ``damping`` (lr then ``--adaptive-lr``, constant) or ``lr`` (damping then
-  ``--adaptive-damping``, constant).
+  its default (momentum 0.9: each step 0.9 times the last plus 0.1 times the calibrated model's step;
+  ``--adaptive-momentum adaptive``: the 2x2 solve for step size and momentum). ``--adaptive`` names what is
+  adaptive: ``damping,lr`` (the default: ``learning_rate="adaptive"`` too), ``damping`` (lr then
+  ``--adaptive-lr``, constant) or ``lr`` (damping then ``--adaptive-damping``, constant).
 * ``recipe``: THOR with the model zoo's recipe for that model, its lr and damping schedules spread over the
   run: LeNet ``model_zoo/lenet`` (tuned lr, damping 0.01, weight decay 1e-4, per-tensor clipping, lr decayed
   to 0), ResNet ``configs/resnet18_cifar10_thor.yaml`` (MindSpore's ImageNet THOR settings: lr 0.05 decay
@@ -55,6 +56,8 @@ a conv net: a few minutes per run on 2 cores);
     nice python benchmarks/bench_thor_adaptive.py                          # the full benchmark
     python benchmarks/bench_thor_adaptive.py --quick --tasks lenet         # smoke run
     nice python benchmarks/bench_thor_adaptive.py --adaptive damping       # a constant learning rate
+    nice python benchmarks/bench_thor_adaptive.py --adaptive-momentum adaptive \
+        --out benchmarks/results/bench_thor_adaptive_2x2                    # the 2x2 solve (momentum too)
     python benchmarks/bench_thor_adaptive.py --tasks bert --adaptive lr --out benchmarks/results/x
                                                           # adaptive lr, damping constant (--adaptive-damping)
 """
@@ -88,6 +91,18 @@ def _adaptive(text: str) -> List[str]:
     return names
 
 
+def _momentum(text: str):
+    if text == "adaptive":
+        return text
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not 0.0 <= value < 1.0:
+        raise argparse.ArgumentTypeError(f"must be a float in [0, 1) or 'adaptive', got {text!r}")
+    return value
+
+
 def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], epilog=__doc__.split("\n\n", 1)[1],
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -98,6 +113,9 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
         "'lr' (learning_rate='adaptive' with a constant damping)")
     add("--adaptive-lr", type=float, default=0.1,
         help="adaptive THOR's constant lr without 'lr' (default 0.1)")
+    add("--adaptive-momentum", type=_momentum, default=0.9,
+        help="adaptive THOR's momentum: a float in [0, 1) or 'adaptive' (the 2x2 solve; needs 'lr' in "
+        "--adaptive) (default 0.9)")
     add("--adaptive-damping", type=float, default=0.01,
         help="adaptive THOR's constant damping without 'damping' (default 0.01)")
     add("--lrs", type=float_list, default=[0.01, 0.03, 0.1], help="lr grid of THOR, Momentum, Lamb (default "
@@ -126,6 +144,8 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
             or args.frequency < 2 or args.resnet_images < 32:
         parser.error("epochs, --resnet-width and --eval-every must be >= 1, --frequency >= 2, "
                      "--resnet-images >= 32")
+    if args.adaptive_momentum == "adaptive" and "lr" not in args.adaptive:
+        parser.error("--adaptive-momentum adaptive needs 'lr' in --adaptive (learning_rate='adaptive')")
     if args.quick:
         args.lrs, args.dampings = args.lrs[-1:], args.dampings[:1]
         args.lenet_epochs = args.resnet_epochs = args.bert_epochs = 1
@@ -147,7 +167,8 @@ def _optimizer(kind: str, lr, damping, task, net_with_loss, args):
     if kind == "adaptive":
         lr_arg = "adaptive" if "lr" in args.adaptive else Tensor(np.float32(lr))
         damping_arg = "adaptive" if "damping" in args.adaptive else Tensor(np.float32(args.adaptive_damping))
-        return ms_nn.thor(net_with_loss, lr_arg, damping_arg, 0.9, batch_size=task["batch"],
+        momentum = args.adaptive_momentum if "lr" in args.adaptive else 0.9
+        return ms_nn.thor(net_with_loss, lr_arg, damping_arg, momentum, batch_size=task["batch"],
                           frequency=args.frequency), 1.0
     if kind == "recipe":
         return recipe_optimizer(task, net_with_loss, args.frequency)
@@ -300,7 +321,8 @@ def plot(path: str, runs: List[Dict], tasks: Sequence[str], title: str) -> None:
 
 
 def _title(settings: Dict) -> str:
-    return (f"adaptive THOR ({','.join(settings['adaptive'])}) against the best run of each grid "
+    return (f"adaptive THOR ({','.join(settings['adaptive'])}, momentum "
+            f"{settings.get('adaptive_momentum', 0.9)}) against the best run of each grid "
             f"(lrs {settings['lrs']}, dampings {settings['dampings']}); frequency {settings['frequency']}")
 
 
