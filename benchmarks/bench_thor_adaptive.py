@@ -34,7 +34,8 @@ Runs per task, every one with ``ms_optim.nn.TrainOneStepCell``, momentum 0.9 and
   ``--lrs``.
 The best of a grid is its run with the best final figure (ties: the shorter time to target).
 
-Reported per run: time to target (training seconds until the first evaluation at or above the target; the
+Reported per run (``step_sizes``: the adaptive learning rate's ``alpha`` of every step, 0 where a trial was
+rejected): time to target (training seconds until the first evaluation at or above the target; the
 first step's call, which compiles the graph, counts as one median step and its extra is reported as
 ``compile_seconds``; evaluations every ``--eval-every`` steps with the clock paused), the final figure, the
 final loss, the NaN flag (the run stops at the first non-finite loss), NaN runs per grid and wall time.
@@ -194,12 +195,16 @@ def train_once(task: Dict, kind: str, lr, damping, args) -> Dict:
     cell = ms_nn.TrainOneStepCell(net_with_loss, opt, sens=scale).set_train()
     target = TARGETS[task["name"]]
     steps, losses, curve, nan_step, reached = [], [], [], None, None
+    quadratic_step = getattr(opt, "quadratic_step", None)  # learning_rate="adaptive": record its step sizes
+    step_sizes = []
     wall = time.perf_counter()
     for step, batch in enumerate(task["batches"]):
         start = time.perf_counter()
         loss = float(cell(*[Tensor(x) for x in batch]).asnumpy())
         steps.append(time.perf_counter() - start)
         losses.append(loss)
+        if quadratic_step is not None:
+            step_sizes.append(float(quadratic_step.step_size.asnumpy()))
         if not math.isfinite(loss):
             nan_step = step
             break
@@ -219,7 +224,8 @@ def train_once(task: Dict, kind: str, lr, damping, args) -> Dict:
             "seconds_to_target": reached, "train_seconds": median + sum(steps[1:]),
             "steps_to_target": next((c[0] for c in curve if c[2] >= target), None),
             "compile_seconds": steps[0] - median, "median_step_ms": 1e3 * median, "steps": len(steps),
-            "wall_seconds": time.perf_counter() - wall, "curve": curve, "losses": losses}
+            "wall_seconds": time.perf_counter() - wall, "curve": curve, "losses": losses,
+            "step_sizes": step_sizes}
 
 
 # ----------------------------------------------------------------------------------- summary

@@ -30,6 +30,9 @@ def test_bench_thor_adaptive_quick_lenet(tmp_path):
     assert result["targets"] == {"lenet": 0.9} and result["settings"]["adaptive"] == ["damping", "lr"]
     for r in result["runs"]:
         assert r["nan"] or 0.0 <= r["final"] <= 1.0
+    adaptive = result["runs"][0]  # momentum 0.9: the averaged step; its alpha recorded every step
+    assert result["settings"]["adaptive_momentum"] == 0.9
+    assert len(adaptive["step_sizes"]) == adaptive["steps"] and max(adaptive["step_sizes"]) > 0
     assert (tmp_path / "adaptive.png").stat().st_size > 0
 
 
@@ -37,9 +40,11 @@ def test_bench_thor_adaptive_help_and_bad_options():
     run = subprocess.run([sys.executable, SCRIPT, "--help"], capture_output=True, text=True, timeout=120)
     assert run.returncode == 0
     for text in ("--adaptive", "--lrs", "--dampings", "--quick", "--tasks", "time to target",
-                 "--resnet-width", "target 0.90"):
+                 "--resnet-width", "target 0.90", "--adaptive-momentum"):
         assert text in run.stdout
-    for bad, option in ((["--adaptive", "lr,lr"], "--adaptive"), (["--tasks", "vgg"], "--tasks")):
+    for bad, option in ((["--adaptive", "lr,lr"], "--adaptive"), (["--tasks", "vgg"], "--tasks"),
+                        (["--adaptive-momentum", "1.0"], "--adaptive-momentum"),
+                        (["--adaptive", "damping", "--adaptive-momentum", "adaptive"], "--adaptive-momentum")):
         refused = subprocess.run([sys.executable, SCRIPT, *bad], capture_output=True, text=True, timeout=120)
         assert refused.returncode == 2 and option in refused.stderr
 
