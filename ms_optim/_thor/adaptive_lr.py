@@ -301,7 +301,8 @@ class QuadraticStep(nn.Cell):
 class AdaptiveLrThorOptimizer(ThorOptimizer):
     """THOR with ``learning_rate="adaptive"`` (built by ``thor()`` for it): :class:`ThorOptimizer` whose
     update is :class:`QuadraticStep`'s trial (``quadratic_step``), finished by the training cell's probe;
-    ``moments`` hold the previous update, ``momentum`` is unused and ``get_lr()`` is 0
+    ``moments`` hold the previous update, ``momentum`` holds ``mu`` (the quadratic step's ``beta``, fixed when
+    the optimizer is built; 0.0 with ``momentum="adaptive"``) and ``get_lr()`` is 0
     (``quadratic_step.step_size`` is the step size taken)."""
 
     def __init__(self, net: nn.Cell, layers: Sequence, config: ThorConfig):
