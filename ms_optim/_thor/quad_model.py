@@ -150,13 +150,13 @@ def model_system(terms, kappa, damping, weight_decay):
 
 
 def _one_dimensional(system):
-    """``(-b0 / M00, usable)``: the model's minimiser along x alone, usable when ``M00 > 0`` and it and its
-    model value are finite."""
+    """``(-b0 / M00, its model value, usable)``: the model's minimiser along x alone, usable when ``M00 > 0``
+    and it and its model value are finite."""
     m00, b0 = system[0], system[3]
     zero = ops.zeros((), mstype.float32)
     alpha = -b0 / ops.select(m00 > 0, m00, ops.ones((), mstype.float32))
     value, _ = _model(alpha, zero, system)
-    return alpha, ops.logical_and(m00 > 0, ops.logical_and(ops.isfinite(alpha), ops.isfinite(value)))
+    return alpha, value, ops.logical_and(m00 > 0, ops.logical_and(ops.isfinite(alpha), ops.isfinite(value)))
 
 
 def _trust_region(alpha, beta, system, kl_clip):
@@ -177,8 +177,7 @@ def solve_coefficients(system, kl_clip=None):
     m00, m01, m11, b0, b1 = system[0], system[1], system[2], system[3], system[4]
     zero = ops.zeros((), mstype.float32)
     one = ops.ones((), mstype.float32)
-    alpha1, ok1 = _one_dimensional(system)
-    q1, _ = _model(alpha1, zero, system)
+    alpha1, q1, ok1 = _one_dimensional(system)
     det = m00 * m11 - m01 * m01
     regular = ops.logical_and(ops.logical_and(m00 > 0, m11 > 0), det > DEGENERATE * m00 * m11)
     safe_det = ops.select(regular, det, one)
@@ -198,7 +197,7 @@ def averaged_coefficients(system, momentum, kl_clip=None):
     the new direction; ``(0, 0)`` when that minimiser is not usable (``M00 <= 0`` or not finite); then the
     ``kl_clip`` trust region (module docstring); always finite."""
     zero = ops.zeros((), mstype.float32)
-    alpha1, ok1 = _one_dimensional(system)
+    alpha1, _, ok1 = _one_dimensional(system)
     alpha = ops.select(ok1, (1.0 - momentum) * alpha1, zero)
     beta = ops.select(ok1, momentum + zero, zero)
     return _trust_region(alpha, beta, system, kl_clip)
