@@ -99,6 +99,7 @@ def learn_vocab(files: Sequence[str], vocab_size: int = 30522, min_frequency: in
         for pair in zip(word, word[1:]):
             pairs[pair] += freq[i]
             where[pair].add(i)
+
     def entry(pair):  # the most frequent pair first; ties: the pair of the earlier tokens
         return -pairs[pair], rank[pair[0]], rank[pair[1]], pair
 
@@ -115,7 +116,7 @@ def learn_vocab(files: Sequence[str], vocab_size: int = 30522, min_frequency: in
             rank[merged] = len(vocab)
             vocab.append(merged)
         changed = set()
-        for i in sorted(where.pop(pair)):
+        for i in where.pop(pair):  # any order: each word's counts are added and removed alike
             word = pieces[i]
             for old in zip(word, word[1:]):
                 pairs[old] -= freq[i]
