@@ -168,8 +168,7 @@ def _optimizer(kind: str, lr, damping, task, net_with_loss, args):
     if kind == "adaptive":
         lr_arg = "adaptive" if "lr" in args.adaptive else Tensor(np.float32(lr))
         damping_arg = "adaptive" if "damping" in args.adaptive else Tensor(np.float32(args.adaptive_damping))
-        momentum = args.adaptive_momentum if "lr" in args.adaptive else 0.9
-        return ms_nn.thor(net_with_loss, lr_arg, damping_arg, momentum, batch_size=task["batch"],
+        return ms_nn.thor(net_with_loss, lr_arg, damping_arg, args.adaptive_momentum, batch_size=task["batch"],
                           frequency=args.frequency), 1.0
     if kind == "recipe":
         return recipe_optimizer(task, net_with_loss, args.frequency)
