@@ -20,9 +20,14 @@ of a schedule. With ``f = frequency``, ``T = adapt_every``, ``[d_min, d_max] = d
         L0   <- the loss of this step (before the update);  L1 <- the loss on the same batch after it
         (L0, L1, q) <- their means over data-parallel ranks (every rank decides alike)
         rho  <- (L1 - L0) / q                                   (-100 if not finite: counts as a failure)
-        d    <- clip(d / omega, d_min, d_max)   if rho < 1/4    (the model over-promised: damp more)
+        d    <- d                               if L0, L1, q finite, |L1 - L0| and |q| <= eps max(|L0|, |L1|)
+                clip(d / omega, d_min, d_max)   if rho < 1/4    (the model over-promised: damp more)
                 clip(d * omega, d_min, d_max)   if rho > 3/4    (the model is trustworthy: damp less)
                 d                               otherwise
+
+``eps = RESOLUTION`` (2**-16, about 128 float32 units in the last place of the loss): a step whose predicted
+and measured loss changes are both that small is below what a float32 loss resolves (a zero learning rate,
+a converged net), so its ratio is rounding noise and tells nothing about the damping.
 
 The new damping acts from step ``t + 1`` on: its inverses are recomputed then (from the stored factors, a THOR
 step's inversion without a factor collection), so every adaptation that changes ``d`` costs one inversion,
@@ -58,7 +63,8 @@ from ms_optim._thor.quad_model import model_term, predicted_change
 from ms_optim._thor.trace import factor_trace
 
 __all__ = ["AdaptiveDamping", "LOWER_RATIO", "UPPER_RATIO", "DECAY_PER_STEP", "INITIAL_SCALE",
-           "FALLBACK_DAMPING", "FAILED_RATIO", "adaptation_factor", "scalar_parameter"]
+           "FALLBACK_DAMPING", "FAILED_RATIO", "RESOLUTION", "adaptation_factor", "scalar_parameter",
+           "unresolved"]
 
 _NAME = "thor"
 #: below it the damping rises, above UPPER_RATIO it falls (Martens & Grosse's 1/4 and 3/4)
@@ -74,8 +80,22 @@ INITIAL_SCALE = 10.0
 FALLBACK_DAMPING = 0.03
 #: the ratio recorded when (L1 - L0) / q is not finite
 FAILED_RATIO = -100.0
+#: a loss change at most this times the loss is rounding noise of a float32 loss (about 128 units in the
+#: last place): a step whose predicted and measured changes are both that small measures nothing
+RESOLUTION = 2.0 ** -16
 
 UNBOUND_MESSAGE = unbound_message("damping='adaptive'", "the loss after each adapted step")
+
+
+def unresolved(change, predicted, loss_before, loss_after):
+    """Whether a step's loss change is below the float32 loss's resolution: both losses and ``predicted``
+    finite and ``|change|, |predicted| <= RESOLUTION * max(|loss_before|, |loss_after|)`` (float32 scalars).
+    Such a step's measurement (a reduction ratio, a curvature) is rounding noise."""
+    finite = ops.logical_and(ops.logical_and(ops.isfinite(loss_before), ops.isfinite(loss_after)),
+                             ops.isfinite(predicted))
+    resolution = RESOLUTION * ops.maximum(ops.abs(loss_before), ops.abs(loss_after))
+    small = ops.logical_and(ops.abs(change) <= resolution, ops.abs(predicted) <= resolution)
+    return ops.logical_and(finite, small)
 
 
 def adaptation_factor(adapt_every: int) -> float:
@@ -207,14 +227,16 @@ class AdaptiveDamping(nn.Cell):
         change = values[1] - values[0]
         ratio = change / values[2]
         ratio = ops.select(ops.isfinite(ratio), ratio, self.failed)
-        return self.adapt_ratio(ratio, change, values[2])
+        return self.adapt_ratio(ratio, change, values[2], unresolved(change, values[2], values[0], values[1]))
 
-    def adapt_ratio(self, ratio, change, predicted):
+    def adapt_ratio(self, ratio, change, predicted, noise):
         """The Levenberg-Marquardt update of the damping from a reduction ratio (already averaged over the
-        ranks); records ``ratio``, ``change`` and ``predicted``; returns the new damping. ``adapt`` calls it,
-        and ``learning_rate="adaptive"``'s step with its own ratio (``ms_optim._thor.adaptive_lr``)."""
+        ranks), none where ``noise`` (the step's change is below the loss's resolution, :func:`unresolved`);
+        records ``ratio``, ``change`` and ``predicted``; returns the new damping. ``adapt`` calls it, and
+        ``learning_rate="adaptive"``'s step with its own ratio (``ms_optim._thor.adaptive_lr``)."""
         factor = ops.select(ratio < LOWER_RATIO, self.inverse_omega,
                             ops.select(ratio > UPPER_RATIO, self.omega, self.one))
+        factor = ops.select(noise, self.one, factor)
         damping = ops.minimum(ops.maximum(self.value * factor, self.low), self.high)
         done = ops.assign(self.ratio, ratio)
         done = F.depend(done, ops.assign(self.loss_change, change))

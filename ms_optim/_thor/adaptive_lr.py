@@ -65,7 +65,11 @@ weight_decay``, ``L0`` the step's loss:
              k_d = [a0 b0] (K + d N) [a0 b0]^T           (the damped Kronecker curvature along p)
              m   = c / k_d                               (the measured calibration, where k_d > 0)
              kappa' = clip(m, max(MAX_FALL kappa, KAPPA_MIN), KAPPA_MAX)   where k_d > 0, else kappa
-    reject:  when L_p > L0 or L_p, c are not finite (the trial raised the loss, or gave no number):
+    noise:   when L_p, c are finite and |L_p - L0|, |q_p| <= RESOLUTION max(|L0|, |L_p|), with
+             q_p = <e,(a0,b0)> + k_d / 2 the damped model's change for the trial (``adaptive.unresolved``:
+             both changes below what a float32 loss resolves, so c is rounding noise):
+             kappa' <- max(MAX_FALL kappa, KAPPA_MIN) (the next trial longer), the trial is not rejected
+    reject:  otherwise, when L_p > L0 or L_p, c are not finite (the trial raised the loss, or gave no number):
              kappa' <- min(FAILED_GROWTH kappa, KAPPA_MAX), at least the kappa' above when c is finite
     final:   (alpha, beta) <- step(M(kappa'), b), or (0, 0) when rejected;   s_j = alpha x_j + beta y_j
              w_j <- w_j + (s_j - p_j)  (= the weights before the trial + s_j);   y_j <- s_j;   kappa <- kappa'
@@ -73,9 +77,13 @@ weight_decay``, ``L0`` the step's loss:
 ``kappa`` starts at 1 (the damped Kronecker model as it is) and carries over between steps, so the trial is
 made with the last step's calibration. It falls at most by MAX_FALL a step (the final step is then at most
 about twice the trial, which was measured) and rises without limit up to ``KAPPA_MAX``: a step after a
-rejected trial tries one FAILED_GROWTH times shorter. With ``momentum="adaptive"`` the final step along p is
-the minimiser of the measured quadratic (``kappa' k_d = c``): the line search of one trial; with a momentum
-``mu`` the measured curvature shortens or lengthens the ``1 - mu`` share of the model's step alike.
+rejected trial tries one FAILED_GROWTH times shorter. Without the noise rule a net near a minimum of its
+training loss would stop for good: a trial whose change is rounding noise reads as a huge curvature (``c``
+over a tiny ``k_d``) or as a rise of the loss, kappa climbs to KAPPA_MAX, the steps become too short to move
+a float32 weight, and every later trial measures noise again (the damping rises to its bound meanwhile).
+With ``momentum="adaptive"`` the final step along p is the minimiser of the measured quadratic (``kappa' k_d
+= c``): the line search of one trial; with a momentum ``mu`` the measured curvature shortens or lengthens the
+``1 - mu`` share of the model's step alike.
 ``alpha`` plays the learning rate and ``beta`` the momentum; both are recorded (``step_size``,
 ``momentum_coefficient``), as are ``kappa`` (``calibration``) and the trial's ``(a0, b0)``.
 
@@ -84,7 +92,8 @@ ratio is the one the damped Kronecker model's own minimiser along p would get on
 
 .. code-block:: text
 
-    rho = 2 - m        (FAILED_RATIO when L_p, c or m is not finite, or k_d <= 0)
+    rho = 2 - m        (FAILED_RATIO when L_p, c or m is not finite, or k_d <= 0; no update of the damping
+                        on a noise step above)
 
 (along p the model is ``tau <e,(a0,b0)> + tau^2 k_d / 2``, the loss ``tau <e,(a0,b0)> + tau^2 c / 2``; at the
 model's minimiser their changes are in the ratio ``2 - c / k_d``). The rule then raises the damping where the
@@ -116,7 +125,7 @@ from mindspore import Parameter, Tensor, nn, ops
 from mindspore.ops import composite as C
 from mindspore.ops import functional as F
 
-from ms_optim._thor.adaptive import FAILED_RATIO, scalar_parameter
+from ms_optim._thor.adaptive import FAILED_RATIO, scalar_parameter, unresolved
 from ms_optim._thor.config import ThorConfig
 from ms_optim._thor.optimizer import ThorOptimizer
 from ms_optim._thor.parallel import RankMean
@@ -273,12 +282,17 @@ class QuadraticStep(nn.Cell):
         floor = ops.maximum(MAX_FALL * kappa, KAPPA_MIN * ops.ones_like(kappa))
         clipped_kappa = ops.minimum(ops.maximum(measured_kappa, floor), KAPPA_MAX * ops.ones_like(kappa))
         finite = ops.logical_and(ops.isfinite(losses[1]), ops.isfinite(measured))
+        predicted = linear + 0.5 * damped
+        # a trial too short for the float32 loss to resolve measures nothing: kept, and the next one longer
+        noise = ops.logical_and(finite, unresolved(change, predicted, losses[0], losses[1]))
         # a trial that raised the loss (or gave none) is not kept: no step, and a calibration at least
         # FAILED_GROWTH times the last
-        rejected = ops.logical_or(ops.logical_not(finite), change > 0)
+        failed = ops.logical_or(ops.logical_not(finite), change > 0)
+        rejected = ops.logical_and(failed, ops.logical_not(noise))
         grown = ops.minimum(FAILED_GROWTH * kappa, KAPPA_MAX * ops.ones_like(kappa))
         new_kappa = ops.select(damped > 0, clipped_kappa, kappa)
         new_kappa = ops.select(rejected, ops.select(finite, ops.maximum(grown, new_kappa), grown), new_kappa)
+        new_kappa = ops.select(noise, floor, new_kappa)
         alpha, beta = self.coefficients(model_system(system, new_kappa, d, self.weight_decay))
         zero = ops.zeros_like(alpha)
         alpha, beta = ops.select(rejected, zero, alpha), ops.select(rejected, zero, beta)
@@ -293,8 +307,7 @@ class QuadraticStep(nn.Cell):
                 ratio = 2.0 - measured_kappa
                 usable = ops.logical_and(ops.logical_and(finite, damped > 0), ops.isfinite(ratio))
                 ratio = ops.select(usable, ratio, self.failed)
-                predicted = linear + 0.5 * damped
-                alpha = F.depend(alpha, self.damping_rule.adapt_ratio(ratio, change, predicted))
+                alpha = F.depend(alpha, self.damping_rule.adapt_ratio(ratio, change, predicted, noise))
         return alpha
 
 

@@ -18,7 +18,8 @@ Written from the formulas of ``ms_optim/_thor/adaptive.py``, ``ms_optim/_thor/qu
             c = <g^2 / B, delta^2> for LayerNorm gamma/beta, 0 otherwise
         L1 = loss on the same batch after the update;  rho = (L1 - L0) / q  (-100 if not finite)
             (with learning_rate="adaptive": rho = 2 - m of the trial, AdaptiveLrMixin)
-        d = clip(d / omega) if rho < 1/4;  clip(d * omega) if rho > 3/4;  else d
+        d = d if L0, L1, q finite and |L1 - L0|, |q| <= 2**-16 max(|L0|, |L1|) (rounding noise);
+            else clip(d / omega) if rho < 1/4;  clip(d * omega) if rho > 3/4;  else d
 """
 from __future__ import annotations
 
@@ -30,6 +31,16 @@ import numpy as np
 from reference.thor_ref import Array, ThorReference
 
 FAILED_RATIO = -100.0  # the reduction ratio recorded when it is not a finite number
+RESOLUTION = 2.0 ** -16  # changes at most this times the loss are rounding noise of a float32 loss
+
+
+def unresolved(change: float, predicted: float, before: float, after: float) -> bool:
+    """Both losses and ``predicted`` finite, ``|change|`` and ``|predicted|`` at most RESOLUTION times the larger
+    loss: the step's measurement is noise."""
+    if not all(math.isfinite(v) for v in (before, after, predicted)):
+        return False
+    scale = RESOLUTION * max(abs(before), abs(after))
+    return abs(change) <= scale and abs(predicted) <= scale
 
 
 def block_diagonal(factor: Array, block_size: Optional[int]) -> Array:
@@ -118,8 +129,11 @@ class AdaptiveThorReference(ThorReference):
         lr = self._at(self.lr)
         super().step(x, y)
         if (t + 1) % self.adapt_every == 0:
+            before = self.losses[-1]
             rho, change, q = self.reduction(x, y, lr)
             factor = 1.0 / self.omega if rho < 0.25 else (self.omega if rho > 0.75 else 1.0)
+            if unresolved(change, q, before, before + change):
+                factor = 1.0
             self.d = min(max(self.d * factor, self.bounds[0]), self.bounds[1])
             self.ratios.append((t, rho))
             self.changes.append((t, change))
@@ -195,7 +209,10 @@ class AdaptiveLrMixin:
         trial   (a0, b0) = step(M(kappa), b);  p = a0 x + b0 y;  L_p = loss(w + p) on the step's batch
         c = 2 (L_p - L0 - (a0 e0 + b0 e1));  k_d = [a0 b0](K + d N)[a0 b0]^T;  m = c / k_d
         kappa' = clip(m, max(0.5 kappa, 1e-4), 1e8) if k_d > 0 else kappa
-        rejected (L_p > L0, or L_p / c not finite): kappa' = max(min(10 kappa, 1e8), kappa' if c finite); (0, 0)
+        noise (L_p, c finite, |L_p - L0| and |a0 e0 + b0 e1 + k_d / 2| <= 2**-16 max(|L0|, |L_p|)):
+            kappa' = max(0.5 kappa, 1e-4), not rejected, no damping update
+        rejected (else, L_p > L0, or L_p / c not finite): kappa' = max(min(10 kappa, 1e8), kappa' if c finite);
+            (0, 0)
         else (alpha, beta) = step(M(kappa'), b);  w <- w + alpha x + beta y;  y <- alpha x + beta y
         damping="adaptive", adaptation step: rho = 2 - m (-100 if L_p, c or rho not finite or k_d <= 0),
             L1 - L0 := L_p - L0,  q := a0 e0 + b0 e1 + k_d / 2
@@ -284,7 +301,10 @@ class AdaptiveLrMixin:
         m = c / k_d if k_d > 0 else float("nan")
         new_kappa = min(max(m, max(MAX_FALL * kappa, KAPPA_MIN)), KAPPA_MAX) if k_d > 0 else kappa
         finite = math.isfinite(loss_trial) and math.isfinite(c)
-        rejected = not finite or change > 0
+        noise = finite and unresolved(change, linear + 0.5 * k_d, self.losses[-1], loss_trial)
+        rejected = (not finite or change > 0) and not noise
+        if noise:
+            new_kappa = max(MAX_FALL * kappa, KAPPA_MIN)
         if rejected:
             grown = min(FAILED_GROWTH * kappa, KAPPA_MAX)
             new_kappa = max(grown, new_kappa) if finite else grown

@@ -8,6 +8,7 @@ import pytest
 from mindspore import Tensor, nn
 from mindspore.amp import DynamicLossScaleManager
 from reference.thor_adaptive_ref import AdaptiveThorReference
+from reference.thor_adaptive_ref import unresolved as reference_unresolved
 from reference.thor_ref import MLPRef
 from support.nets import MLP, labelled_batches
 from support.params import param_values
@@ -15,6 +16,7 @@ from support.thor_runs import RTOL, compare, init_params, mlp_batches
 
 from ms_optim import nn as ms_nn
 from ms_optim import thor
+from ms_optim._thor.adaptive import FAILED_RATIO, unresolved
 
 LR = 0.05
 STEPS = 8
@@ -111,6 +113,43 @@ def test_damping_rises_after_a_step_that_increased_the_loss(mode, rng):
     initial = float(rule.inverted.asnumpy())  # the damping the step was taken with
     np.testing.assert_allclose(float(rule.value.asnumpy()), initial / 0.95, rtol=1e-6)
     np.testing.assert_allclose(initial, ref.dampings[0] * 0.95, rtol=1e-5)
+
+
+def test_damping_stays_after_a_step_below_the_loss_resolution(mode, rng):
+    """At learning rate 0 the step moves nothing: q = 0 and L1 - L0 = 0, whose ratio 0/0 is no number. That is
+    no failure of the model (nothing was predicted or measured): the damping stays, here as in the oracle."""
+    net, opt, ref = _setup(rng, lr=0.0, adapt_every=1)
+    cell = ms_nn.TrainOneStepCell(_loss_net(net), opt).set_train()
+    (x, y), = mlp_batches(rng, 1)
+    rule = opt.damping_rule
+    for step in range(3):
+        cell(Tensor(x), Tensor(y))
+        ref.step(x, y)
+        assert float(rule.predicted.asnumpy()) == 0.0 and float(rule.loss_change.asnumpy()) == 0.0
+        assert float(rule.ratio.asnumpy()) == FAILED_RATIO  # recorded as not a number, as before
+        assert float(rule.value.asnumpy()) == float(rule.inverted.asnumpy()), step  # the damping it stepped with
+    np.testing.assert_allclose(float(rule.value.asnumpy()), ref.dampings[0], rtol=1e-5)
+    assert ref.dampings == [ref.dampings[0]] * 3, ref.dampings
+
+
+# (change, predicted, loss before, loss after, unresolved): the resolution is 2**-16 of the larger |loss|
+UNRESOLVED = [
+    (0.0, 0.0, 0.5, 0.5, True),
+    (2.0 ** -18, -2.0 ** -18, 1.0, 1.0 + 2.0 ** -18, True),
+    (2.0 ** -14, 0.0, 1.0, 1.0 + 2.0 ** -14, False),  # the loss moved measurably
+    (0.0, -2.0 ** -14, 1.0, 1.0, False),  # the model predicted a measurable change
+    (0.0, 0.0, -4.0, -4.0, True),  # |loss|: a loss may be negative
+    (0.0, float("nan"), 1.0, 1.0, False),  # no number is a failure, not noise
+    (float("inf"), 0.0, 1.0, float("inf"), False),
+]
+
+
+@pytest.mark.parametrize("change, predicted, before, after, expected", UNRESOLVED)
+def test_unresolved_is_a_change_below_float32_resolution_of_the_loss(mode, change, predicted, before, after,
+                                                                      expected):
+    values = [Tensor(np.float32(v)) for v in (change, predicted, before, after)]
+    assert bool(unresolved(*values).asnumpy()) is expected
+    assert reference_unresolved(change, predicted, before, after) is expected
 
 
 def test_model_thor_sink_matches_reference(mode, rng):

@@ -9,7 +9,7 @@ import re
 import mindspore as ms
 import numpy as np
 import pytest
-from mindspore import Tensor, nn
+from mindspore import Tensor, nn, ops
 from mindspore.amp import DynamicLossScaleManager
 from reference.thor_adaptive_ref import AdaptiveLrDampingReference, AdaptiveLrThorReference
 from reference.thor_adaptive_ref import averaged_coefficients as averaged_ref
@@ -232,6 +232,36 @@ def test_rejected_trial_keeps_the_parameters_and_grows_kappa(mode, rng):
     assert ref.rejected == [False, False, True, False], ref.rejected
     assert ref.losses[3] == ref.losses[2] and ref.trial_losses[3] < ref.losses[3]  # step 3 from the same point
     assert ref.trials[3][1] == 0.0 and ref.betas[3] == 0.0
+
+
+@pytest.mark.parametrize("momentum", ["adaptive", 0.9])
+def test_trial_below_the_loss_resolution_is_kept_and_lengthens_the_next(mode, rng, momentum):
+    """A calibration at its cap (as after a run of rejected trials near a minimum) makes a trial too short for the
+    float32 loss to resolve: its measured curvature is rounding noise. It is neither read as a curvature nor
+    rejected: the step is kept, kappa halves (the next trial twice as long) and the damping stays, so the run
+    climbs back instead of stopping for good (kappa pinned at its cap, the damping rising to its bound)."""
+    net, opt, ref = _adaptive_both(rng, adapt_every=1, momentum=momentum)
+    cell = _train_cell(net, opt)
+    x, y = _batch(rng, "mlp")
+    rule = opt.quadratic_step
+    for _ in range(2):
+        cell(Tensor(x), Tensor(y))
+    kappa = adaptive_lr.KAPPA_MAX
+    for step in range(3):
+        ops.assign(rule.calibration, Tensor(np.float32(kappa)))  # (in place: the compiled step writes it)
+        for moment in opt.moments:  # no previous update (as after a rejected trial)
+            ops.assign(moment, Tensor(np.zeros(moment.shape, np.float32)))
+        damping = checks.value(opt.damping_rule.value)
+        before = param_values(net)
+        cell(Tensor(x), Tensor(y))
+        change, predicted = checks.value(opt.damping_rule.loss_change), checks.value(opt.damping_rule.predicted)
+        assert abs(change) <= 2.0 ** -16 and abs(predicted) <= 2.0 ** -16, (change, predicted)  # loss near 1
+        assert checks.value(rule.calibration) == np.float32(0.5 * kappa), step
+        assert checks.value(rule.step_size) > 0.0, step  # kept
+        assert checks.value(opt.damping_rule.value) == damping, step
+        moved = [np.max(np.abs(param_values(net)[name] - value)) for name, value in before.items()]
+        assert max(moved) < 1e-6, moved
+        kappa = checks.value(rule.calibration)
 
 
 def test_adaptive_lr_under_dynamic_loss_scale(mode, rng):
