@@ -125,6 +125,7 @@ from mindspore import Parameter, Tensor, nn, ops
 from mindspore.ops import composite as C
 from mindspore.ops import functional as F
 
+from ms_optim._thor import preconditioner as pc
 from ms_optim._thor.adaptive import FAILED_RATIO, scalar_parameter, unresolved
 from ms_optim._thor.config import ThorConfig
 from ms_optim._thor.optimizer import ThorOptimizer
@@ -133,7 +134,10 @@ from ms_optim._thor.probe import unbound_message
 from ms_optim._thor.quad_model import (
     DEGENERATE,
     averaged_coefficients,
+    flat_float32,
+    flat_system_terms,
     model_system,
+    pick,
     quadratic,
     solve_coefficients,
     system_terms,
@@ -204,10 +208,21 @@ class QuadraticStep(nn.Cell):
                  global_step: Parameter):
         super().__init__(auto_prefix=False)
         self.bound = False  # set by probe.loss_probe_for: a training cell that runs the probe was built
-        self.treatments = treatments
-        self.decay_flags = decay_flags
-        self.a_factors = tuple(a_factors)
-        self.g_factors = tuple(g_factors)
+        # the 2x2 system's terms: per parameter for those with Kronecker factors, one flat computation for
+        # the rest (``quad_model.flat_system_terms``)
+        factored = (pc.MATRIX, pc.EMBEDDING)
+        self.factored = tuple(i for i, t in enumerate(treatments) if t[0] in factored)
+        self.flat = tuple(i for i, t in enumerate(treatments) if t[0] not in factored)
+        self.treatments = pick(treatments, self.factored)
+        self.decay_flags = pick(decay_flags, self.factored)
+        self.a_factors = pick(tuple(a_factors), self.factored)
+        self.g_factors = pick(tuple(g_factors), self.factored)
+        self.flat_layernorm, self.flat_decay = None, None
+        if self.flat:
+            sizes = [(i, int(np.prod(parameters[i].shape))) for i in self.flat]
+            layernorm = [np.full(n, float(treatments[i][0] == pc.LAYERNORM), np.float32) for i, n in sizes]
+            self.flat_layernorm = Tensor(np.concatenate(layernorm))
+            self.flat_decay = Tensor(np.concatenate([np.full(n, bool(decay_flags[i])) for i, n in sizes]))
         self.batch_size = float(batch_size)
         self.weight_decay = Tensor(config.weight_decay, mstype.float32)
         self.kl_clip = None if config.kl_clip is None else Tensor(config.kl_clip, mstype.float32)
@@ -250,10 +265,19 @@ class QuadraticStep(nn.Cell):
         scale = F.depend(scale, ops.assign(self.curvature_scale, scale))
         unscale = ops.reciprocal(ops.square(scale))
         d = ops.reshape(ops.cast(damping, mstype.float32), ())
-        terms = self.hyper_map(F.partial(system_terms, self.weight_decay, unscale, self.batch_size),
-                               self.treatments, self.decay_flags, gradients, directions, previous, weights,
-                               self.a_factors, self.g_factors)
-        system = self.mean_over_ranks(ops.reduce_sum(ops.stack(terms), 0))
+        system = ops.zeros((13,), mstype.float32)
+        if self.factored:
+            terms = self.hyper_map(F.partial(system_terms, self.weight_decay, unscale, self.batch_size),
+                                   self.treatments, self.decay_flags, pick(gradients, self.factored),
+                                   pick(directions, self.factored), pick(previous, self.factored),
+                                   pick(weights, self.factored), self.a_factors, self.g_factors)
+            system = system + ops.reduce_sum(ops.stack(terms), 0)
+        if self.flat:
+            system = system + flat_system_terms(
+                self.weight_decay, self.batch_size, self.flat_layernorm, self.flat_decay,
+                flat_float32(gradients, self.flat), flat_float32(directions, self.flat),
+                flat_float32(previous, self.flat), flat_float32(weights, self.flat))
+        system = self.mean_over_ranks(system)
         a0, b0 = self.coefficients(model_system(system, self.calibration * 1.0, d, self.weight_decay))
         done = ops.assign(self.system, system)
         done = F.depend(done, ops.assign(self.step_damping, d))

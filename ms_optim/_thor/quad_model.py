@@ -39,8 +39,8 @@ from mindspore.ops import composite as C
 
 from ms_optim._thor import preconditioner as pc
 
-__all__ = ["model_term", "predicted_change", "system_terms", "model_system", "solve_coefficients",
-           "averaged_coefficients", "quadratic", "DEGENERATE"]
+__all__ = ["model_term", "predicted_change", "system_terms", "flat_system_terms", "pick", "flat_float32",
+           "model_system", "solve_coefficients", "averaged_coefficients", "quadratic", "DEGENERATE"]
 
 #: the 2x2 system counts as singular when det <= DEGENERATE * M00 * M11 (the directions nearly parallel)
 DEGENERATE = 1e-5
@@ -126,6 +126,40 @@ def _system_terms_tensor(weight_decay, g_unscale, batch_size, treatment, decay, 
         wxx, wxy, wyy = nxx, nxy, nyy
     return ops.stack([kxx, kxy, kyy, nxx, nxy, nyy, wxx, wxy, wyy, ops.reduce_sum(h * x),
                       ops.reduce_sum(h * y), ops.reduce_sum(g32 * x), ops.reduce_sum(g32 * y)])
+
+
+def pick(values, index):
+    """``(values[i] for i in index)`` as a tuple (``index`` a constant tuple of ints; graph-mode safe)."""
+    out = ()
+    for i in index:
+        out = out + (values[i],)
+    return out
+
+
+def flat_float32(values, index):
+    """``values[i]`` for ``i`` in ``index``, each cast to float32 and flattened, as one vector."""
+    parts = ()
+    for i in index:
+        parts = parts + (ops.reshape(ops.cast(values[i], mstype.float32), (-1,)),)
+    return ops.concat(parts)
+
+
+def flat_system_terms(weight_decay, batch_size, layernorm, decay, gradient, direction, previous, weight):
+    """:data:`system_terms` of every parameter without Kronecker factors (LayerNorm gamma/beta and the plain
+    ones), summed, from their entries as flat float32 vectors: one computation for them all instead of a dozen
+    small ones each (a net has many such parameters, each a few hundred entries or less). ``layernorm`` and
+    ``decay`` are constant masks of the same length (1.0 on a LayerNorm entry, True where ``decay_filter``
+    holds); ``direction`` is ``u`` (``x = -u``)."""
+    x = -direction
+    y = previous
+    diagonal = layernorm * ops.square(gradient) / batch_size
+    kxx, kxy, kyy = _dots(diagonal * x, diagonal * y, x, y)
+    nxx, nxy, nyy = _dots(x, y, x, y)
+    kept = ops.cast(decay, mstype.float32)
+    wxx, wxy, wyy = _dots(kept * x, kept * y, x, y)
+    h = ops.select(decay, gradient + weight_decay * weight, gradient)
+    return ops.stack([kxx, kxy, kyy, nxx, nxy, nyy, wxx, wxy, wyy, ops.reduce_sum(h * x),
+                      ops.reduce_sum(h * y), ops.reduce_sum(gradient * x), ops.reduce_sum(gradient * y)])
 
 
 def quadratic(a, b, m00, m01, m11):
