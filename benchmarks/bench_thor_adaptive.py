@@ -33,6 +33,9 @@ Runs per task, every one with ``ms_optim.nn.TrainOneStepCell``, momentum 0.9 and
 * ``momentum``: ``mindspore.nn.Momentum`` over ``--lrs``; for BERT also ``lamb``: ``ms_optim.nn.Lamb`` over
   ``--lrs``.
 The best of a grid is its run with the best final figure (ties: the shorter time to target).
+``--seeds N`` runs every setting with N seeds (each its own initial weights, data and batch order); the
+table, the goals and the plot then take each setting's mean over the seeds (NaN if any seed went NaN; a time
+to target only where every seed reached it), so a grid's best is the setting with the best mean.
 
 Reported per run (``step_sizes``: the adaptive learning rate's ``alpha`` of every step, 0 where a trial was
 rejected): time to target (training seconds until the first evaluation at or above the target; the
@@ -78,11 +81,11 @@ if not __package__:
         del sys.path[0]
     sys.path.insert(0, os.path.dirname(_HERE))
 
+from benchmarks._adaptive_summary import _best, _fmt, average_seeds, print_table, summarise  # noqa: E402
 from benchmarks._adaptive_tasks import TARGETS, TASKS, build_task, recipe_optimizer  # noqa: E402
 from benchmarks._common import RESULTS_DIR, float_list, save_figure, write_json  # noqa: E402
 
 ADAPTIVE = ("damping", "lr")
-POINT = 0.01  # "within 1 point" of a figure in [0, 1]
 
 
 def _adaptive(text: str) -> List[str]:
@@ -130,6 +133,8 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     add("--bert-epochs", type=int, default=120, help="BERT epochs of 9 steps (default 120)")
     add("--eval-every", type=int, default=5, help="steps between held-out evaluations (default 5)")
     add("--seed", type=int, default=1, help="seed of weights, data and batch order (default 1)")
+    add("--seeds", type=int, default=1, help="run every setting with this many seeds, --seed, --seed + 1, ...; "
+        "the table and the goals average each setting over them (default 1)")
     add("--quick", action="store_true", help="smoke run: one grid point, a few steps per run, tiny nets")
     add("--replot", action="store_true", help="train nothing: redraw the PNG from the JSON at --out")
     add("--out", default=None, help="output path without extension (default benchmarks/results/"
@@ -141,9 +146,9 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     if not args.lrs or not args.dampings or min(args.lrs + args.dampings
                                                  + [args.adaptive_lr, args.adaptive_damping]) <= 0:
         parser.error("--lrs, --dampings, --adaptive-lr and --adaptive-damping need values > 0")
-    if min(args.lenet_epochs, args.resnet_width, args.resnet_epochs, args.bert_epochs, args.eval_every) < 1 \
-            or args.frequency < 2 or args.resnet_images < 32:
-        parser.error("epochs, --resnet-width and --eval-every must be >= 1, --frequency >= 2, "
+    if min(args.lenet_epochs, args.resnet_width, args.resnet_epochs, args.bert_epochs, args.eval_every,
+           args.seeds) < 1 or args.frequency < 2 or args.resnet_images < 32:
+        parser.error("epochs, --resnet-width, --eval-every and --seeds must be >= 1, --frequency >= 2, "
                      "--resnet-images >= 32")
     if args.adaptive_momentum == "adaptive" and "lr" not in args.adaptive:
         parser.error("--adaptive-momentum adaptive needs 'lr' in --adaptive (learning_rate='adaptive')")
@@ -227,68 +232,6 @@ def train_once(task: Dict, kind: str, lr, damping, args) -> Dict:
             "step_sizes": step_sizes}
 
 
-# ----------------------------------------------------------------------------------- summary
-def _best(runs: List[Dict], by_time: bool = False) -> Optional[Dict]:
-    finite = [r for r in runs if not r["nan"]]
-    if not finite:
-        return None
-    inf = float("inf")
-    if by_time:
-        return min(finite, key=lambda r: (r["seconds_to_target"] or inf, -r["final"]))
-    return min(finite, key=lambda r: (-r["final"], r["seconds_to_target"] or inf))
-
-
-def summarise(runs: List[Dict], tasks: Sequence[str]) -> Dict:
-    """The table (one row per task and run kind, grids as their best) and the goals, met or not."""
-    table, goals = [], {"never_nan": True, "within_1_point": {}, "beats_momentum_time": {}}
-    for name in tasks:
-        mine = [r for r in runs if r["task"] == name]
-        for kind in ("adaptive", "recipe", "thor", "momentum", "lamb"):
-            group = [r for r in mine if r["kind"] == kind]
-            if not group:
-                continue
-            best = _best(group) or group[0]
-            table.append({**{k: best[k] for k in ("task", "kind", "lr", "damping", "final", "final_loss",
-                                                   "seconds_to_target", "train_seconds", "nan",
-                                                   "median_step_ms")},
-                          "nan_runs": sum(r["nan"] for r in group), "runs": len(group),
-                          "wall_seconds": sum(r["wall_seconds"] for r in group)})
-        adaptive = next((r for r in mine if r["kind"] == "adaptive"), None)
-        thor, momentum = _best([r for r in mine if r["kind"] == "thor"]), \
-            _best([r for r in mine if r["kind"] == "momentum"], by_time=True)
-        if adaptive is None:
-            continue
-        goals["never_nan"] &= not adaptive["nan"]
-        goals["within_1_point"][name] = bool(thor is None or (not adaptive["nan"]
-                                                              and adaptive["final"] >= thor["final"] - POINT))
-        mine_t = adaptive["seconds_to_target"] if not adaptive["nan"] else None
-        theirs = momentum["seconds_to_target"] if momentum else None
-        goals["beats_momentum_time"][name] = bool(mine_t is not None and (theirs is None or mine_t < theirs))
-        if thor is not None:  # the cost of the adaptive step (its extra forward pass included) per step
-            goals.setdefault("step_cost_vs_thor", {})[name] = adaptive["median_step_ms"] / thor["median_step_ms"]
-    goals["met"] = {"never_nan": goals["never_nan"],
-                    "within_1_point_every_task": all(goals["within_1_point"].values()),
-                    "beats_momentum_time_2_of_3": sum(goals["beats_momentum_time"].values()) >= 2}
-    return {"table": table, "goals": goals}
-
-
-def _fmt(value, spec: str = ".3f") -> str:
-    if isinstance(value, str):
-        return value
-    return "-" if value is None or (isinstance(value, float) and math.isnan(value)) else format(value, spec)
-
-
-def print_table(table: List[Dict]) -> None:
-    print(f"{'task':7s} {'run':9s} {'lr':>6s} {'damp':>6s} {'final':>6s} {'loss':>8s} {'to target s':>11s} "
-          f"{'train s':>8s} {'ms/step':>8s} {'NaN runs':>8s} {'wall s':>7s}")
-    for row in table:
-        print(f"{row['task']:7s} {row['kind']:9s} {_fmt(row['lr'], 'g'):>6s} {_fmt(row['damping'], 'g'):>6s} "
-              f"{_fmt(row['final']):>6s} {_fmt(row['final_loss'], '.4f'):>8s} "
-              f"{_fmt(row['seconds_to_target'], '.1f'):>11s} {_fmt(row['train_seconds'], '.1f'):>8s} "
-              f"{_fmt(row['median_step_ms'], '.1f'):>8s} "
-              f"{row['nan_runs']}/{row['runs']:<6d} {row['wall_seconds']:7.0f}")
-
-
 def plot(path: str, runs: List[Dict], tasks: Sequence[str], title: str) -> None:
     import matplotlib
 
@@ -297,6 +240,7 @@ def plot(path: str, runs: List[Dict], tasks: Sequence[str], title: str) -> None:
 
     colours = {"adaptive": "#C44E52", "recipe": "#8172B2", "thor": "#DD8452", "momentum": "#4C72B0",
                "lamb": "#55A868"}
+    runs = average_seeds(runs)
     fig, axes = plt.subplots(1, len(tasks), figsize=(5.0 * len(tasks), 4.0), squeeze=False)
     for ax, name in zip(axes[0], tasks):
         mine = [r for r in runs if r["task"] == name]
@@ -328,7 +272,8 @@ def plot(path: str, runs: List[Dict], tasks: Sequence[str], title: str) -> None:
 def _title(settings: Dict) -> str:
     return (f"adaptive THOR ({','.join(settings['adaptive'])}, momentum "
             f"{settings.get('adaptive_momentum', 0.9)}) against the best run of each grid "
-            f"(lrs {settings['lrs']}, dampings {settings['dampings']}); frequency {settings['frequency']}")
+            f"(lrs {settings['lrs']}, dampings {settings['dampings']}); frequency {settings['frequency']}"
+            + (f"; mean of {settings['seeds']} seeds" if settings.get("seeds", 1) > 1 else ""))
 
 
 # ----------------------------------------------------------------------------------- main
@@ -350,15 +295,16 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     prime_numpy_bridge()
     runs: List[Dict] = []
     wall = time.perf_counter()
-    for name in args.tasks:
-        task = build_task(name, args)
+    for name, seed in [(name, args.seed + i) for name in args.tasks for i in range(args.seeds)]:
+        seeded = argparse.Namespace(**{**vars(args), "seed": seed})
+        task = build_task(name, seeded)
         plan = [("adaptive", "adaptive" if "lr" in args.adaptive else args.adaptive_lr,
                  "adaptive" if "damping" in args.adaptive else args.adaptive_damping), ("recipe", None, None)]
         plan += [("thor", lr, d) for lr in args.lrs for d in args.dampings]
         plan += [(kind, lr, None) for kind in task["baselines"] for lr in args.lrs]
         for kind, lr, damping in plan:
             try:
-                run = train_once(task, kind, lr, damping, args)
+                run = dict(train_once(task, kind, lr, damping, seeded), seed=seed)
             except (TypeError, ValueError) as exc:
                 if kind == "adaptive":
                     refused = f"this ms_optim's thor refuses --adaptive {','.join(args.adaptive)}: {exc}"
@@ -367,7 +313,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             runs.append(run)
             save(args, runs, time.perf_counter() - wall)  # after every run: an interrupted run keeps its part
             outcome = f"NaN at step {run['nan_step']}" if run["nan"] else f"final {run['final']:.3f}"
-            print(f"{name:6s} {kind:8s} lr={_fmt(lr, 'g'):6s} damping={str(damping):8s} -> {outcome}, "
+            print(f"{name:6s} seed {seed} {kind:8s} lr={_fmt(lr, 'g'):6s} damping={str(damping):8s} -> {outcome}, "
                   f"to target "
                   f"{_fmt(run['seconds_to_target'], '.1f')} s, {run['wall_seconds']:.0f} s wall", flush=True)
     summary = save(args, runs, time.perf_counter() - wall, complete=True)

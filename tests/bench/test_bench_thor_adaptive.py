@@ -36,14 +36,30 @@ def test_bench_thor_adaptive_quick_lenet(tmp_path):
     assert (tmp_path / "adaptive.png").stat().st_size > 0
 
 
+def test_bench_thor_adaptive_seeds_average_each_setting(tmp_path):
+    """``--seeds 2``: every setting runs with seeds 1 and 2; the table's final figure is their mean."""
+    out = tmp_path / "seeds"
+    run = subprocess.run([sys.executable, SCRIPT, "--quick", "--tasks", "lenet", "--seeds", "2", "--out", str(out)],
+                         capture_output=True, text=True, timeout=900)
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    result = json.loads((tmp_path / "seeds.json").read_text())
+    assert [(r["kind"], r["seed"]) for r in result["runs"]] == [
+        (kind, seed) for seed in (1, 2) for kind in ("adaptive", "recipe", "thor", "momentum")]
+    for row in result["table"]:
+        mine = [r for r in result["runs"] if r["kind"] == row["kind"]]
+        assert row["finals"] == [r["final"] for r in mine] and row["runs"] == 1
+        assert row["final"] == pytest.approx(sum(row["finals"]) / 2) or any(r["nan"] for r in mine)
+    assert result["runs"][0]["step_sizes"] != result["runs"][4]["step_sizes"]  # two seeds, two problems
+
+
 def test_bench_thor_adaptive_help_and_bad_options():
     run = subprocess.run([sys.executable, SCRIPT, "--help"], capture_output=True, text=True, timeout=120)
     assert run.returncode == 0
     for text in ("--adaptive", "--lrs", "--dampings", "--quick", "--tasks", "time to target",
-                 "--resnet-width", "target 0.90", "--adaptive-momentum"):
+                 "--resnet-width", "target 0.90", "--adaptive-momentum", "--seeds"):
         assert text in run.stdout
     for bad, option in ((["--adaptive", "lr,lr"], "--adaptive"), (["--tasks", "vgg"], "--tasks"),
-                        (["--adaptive-momentum", "1.0"], "--adaptive-momentum"),
+                        (["--adaptive-momentum", "1.0"], "--adaptive-momentum"), (["--seeds", "0"], "--seeds"),
                         (["--adaptive", "damping", "--adaptive-momentum", "adaptive"], "--adaptive-momentum")):
         refused = subprocess.run([sys.executable, SCRIPT, *bad], capture_output=True, text=True, timeout=120)
         assert refused.returncode == 2 and option in refused.stderr
