@@ -77,8 +77,9 @@ def predicted_change(terms) -> object:
 
 
 # ----------------------------------------------------------------- learning_rate="adaptive"'s 2x2 system
-#: ``hyper_map(F.partial(system_terms, wd, u, batch_size), treatments, decay_flags, gradients, directions,
-#: previous, weights, a_factors, g_factors)``: each parameter's share of the 13 numbers ``(K, N, W, b, e)``
+#: ``hyper_map(F.partial(system_terms, wd, u), treatments, decay_flags, gradients, directions, previous,
+#: weights, a_factors, g_factors)``: each Dense/Conv weight's and embedding table's share of the 13 numbers
+#: ``(K, N, W, b, e)`` (every other parameter's: :func:`flat_system_terms`)
 system_terms = C.MultitypeFuncGraph("thor_system_terms")
 
 
@@ -87,18 +88,17 @@ def _dots(ca, cb, a, b):
     return ops.reduce_sum(ca * a), ops.reduce_sum(ca * b), ops.reduce_sum(cb * b)
 
 
-@system_terms.register("Tensor", "Tensor", "Number", "Tuple", "Bool", "Tensor", "Tensor", "Tensor", "Tensor",
-                       "Tensor", "Tensor")
-def _system_terms_tensor(weight_decay, g_unscale, batch_size, treatment, decay, gradient, direction, previous,
-                         weight, a_factor, g_factor):
-    """One parameter's ``(K(x,x), K(x,y), K(y,y), N.., W.., <h,x>, <h,y>, <g,x>, <g,y>)``, float32 (module
-    docstring)."""
+@system_terms.register("Tensor", "Tensor", "Tuple", "Bool", "Tensor", "Tensor", "Tensor", "Tensor", "Tensor",
+                       "Tensor")
+def _system_terms_tensor(weight_decay, g_unscale, treatment, decay, gradient, direction, previous, weight,
+                         a_factor, g_factor):
+    """One factored parameter's ``(K(x,x), K(x,y), K(y,y), N.., W.., <h,x>, <h,y>, <g,x>, <g,y>)``, float32
+    (module docstring)."""
     kind, g_geom, a_geom = treatment
     g32 = ops.cast(gradient, mstype.float32)
     x = -ops.cast(direction, mstype.float32)
     y = ops.cast(previous, mstype.float32)
     zero = ops.zeros((), mstype.float32)
-    kxx, kxy, kyy = zero, zero, zero
     if kind == pc.MATRIX:
         x2 = ops.reshape(x, (x.shape[0], -1))
         y2 = ops.reshape(y, (y.shape[0], -1))
@@ -109,15 +109,12 @@ def _system_terms_tensor(weight_decay, g_unscale, batch_size, treatment, decay, 
         xa = pc.apply_right(x2, a_f, a_geom[0], a_geom[1], a_geom[2])
         ya = pc.apply_right(y2, a_f, a_geom[0], a_geom[1], a_geom[2])
         kxx, kxy, kyy = ops.reduce_sum(gx * xa), ops.reduce_sum(gx * ya), ops.reduce_sum(gy * ya)
-    elif kind == pc.EMBEDDING:
+    else:  # pc.EMBEDDING
         rows = ops.expand_dims(ops.cast(a_factor, mstype.float32), 1)
         g_f = ops.cast(g_factor, mstype.float32)
         xg = pc.apply_right(x, g_f, g_geom[0], g_geom[1], g_geom[2]) * g_unscale
         yg = pc.apply_right(y, g_f, g_geom[0], g_geom[1], g_geom[2]) * g_unscale
         kxx, kxy, kyy = _dots(rows * xg, rows * yg, x, y)
-    elif kind == pc.LAYERNORM:
-        diagonal = ops.square(g32) / batch_size
-        kxx, kxy, kyy = _dots(diagonal * x, diagonal * y, x, y)
     nxx, nxy, nyy = _dots(x, y, x, y)
     h = g32
     wxx, wxy, wyy = zero, zero, zero
@@ -144,18 +141,19 @@ def flat_float32(values, index):
     return ops.concat(parts)
 
 
-def flat_system_terms(weight_decay, batch_size, layernorm, decay, gradient, direction, previous, weight):
-    """:data:`system_terms` of every parameter without Kronecker factors (LayerNorm gamma/beta and the plain
-    ones), summed, from their entries as flat float32 vectors: one computation for them all instead of a dozen
-    small ones each (a net has many such parameters, each a few hundred entries or less). ``layernorm`` and
-    ``decay`` are constant masks of the same length (1.0 on a LayerNorm entry, True where ``decay_filter``
+def flat_system_terms(weight_decay, batch_size, layernorm, decay, kept, gradient, direction, previous,
+                      weight):
+    """The 13 terms (:data:`system_terms`) of every parameter without Kronecker factors (LayerNorm gamma/beta:
+    ``K`` from the diagonal ``g^2 / batch_size`` THOR inverts; the plain ones: ``K = 0``), summed, from their
+    entries as flat float32 vectors: one computation for them all instead of a dozen small ones each (a net
+    has many such parameters, each a few hundred entries or less). ``layernorm``, ``decay`` and ``kept`` are
+    constant masks of the same length (1.0 on a LayerNorm entry; True, and 1.0, where ``decay_filter``
     holds); ``direction`` is ``u`` (``x = -u``)."""
     x = -direction
     y = previous
     diagonal = layernorm * ops.square(gradient) / batch_size
     kxx, kxy, kyy = _dots(diagonal * x, diagonal * y, x, y)
     nxx, nxy, nyy = _dots(x, y, x, y)
-    kept = ops.cast(decay, mstype.float32)
     wxx, wxy, wyy = _dots(kept * x, kept * y, x, y)
     h = ops.select(decay, gradient + weight_decay * weight, gradient)
     return ops.stack([kxx, kxy, kyy, nxx, nxy, nyy, wxx, wxy, wyy, ops.reduce_sum(h * x),
