@@ -48,7 +48,7 @@ def average_seeds(runs: List[Dict]) -> List[Dict]:
     return averaged
 
 
-def _best(runs: List[Dict], by_time: bool = False) -> Optional[Dict]:
+def best_run(runs: List[Dict], by_time: bool = False) -> Optional[Dict]:
     finite = [r for r in runs if not r["nan"]]
     if not finite:
         return None
@@ -69,7 +69,7 @@ def summarise(runs: List[Dict], tasks: Sequence[str]) -> Dict:
             group = [r for r in mine if r["kind"] == kind]
             if not group:
                 continue
-            best = _best(group) or group[0]
+            best = best_run(group) or group[0]
             table.append({**{k: best[k] for k in ("task", "kind", "lr", "damping", "final", "final_loss",
                                                    "seconds_to_target", "train_seconds", "nan",
                                                    "median_step_ms")},
@@ -77,8 +77,8 @@ def summarise(runs: List[Dict], tasks: Sequence[str]) -> Dict:
                           "nan_runs": sum(r["nan"] for r in group), "runs": len(group),
                           "wall_seconds": sum(r["wall_seconds"] for r in group)})
         adaptive = next((r for r in mine if r["kind"] == "adaptive"), None)
-        thor, momentum = _best([r for r in mine if r["kind"] == "thor"]), \
-            _best([r for r in mine if r["kind"] == "momentum"], by_time=True)
+        thor, momentum = best_run([r for r in mine if r["kind"] == "thor"]), \
+            best_run([r for r in mine if r["kind"] == "momentum"], by_time=True)
         if adaptive is None:
             continue
         goals["never_nan"] &= not adaptive["nan"]
@@ -95,7 +95,7 @@ def summarise(runs: List[Dict], tasks: Sequence[str]) -> Dict:
     return {"table": table, "goals": goals}
 
 
-def _fmt(value, spec: str = ".3f") -> str:
+def fmt(value, spec: str = ".3f") -> str:
     if isinstance(value, str):
         return value
     return "-" if value is None or (isinstance(value, float) and math.isnan(value)) else format(value, spec)
@@ -107,9 +107,9 @@ def print_table(table: List[Dict]) -> None:
           f"{'train s':>8s} {'ms/step':>8s} {'NaN runs':>8s} {'wall s':>7s}  seeds' finals")
     for row in table:
         finals = row.get("finals", [])
-        each = " ".join(_fmt(f) for f in finals) if len(finals) > 1 else ""
-        print(f"{row['task']:7s} {row['kind']:9s} {_fmt(row['lr'], 'g'):>6s} {_fmt(row['damping'], 'g'):>6s} "
-              f"{_fmt(row['final']):>6s} {_fmt(row['final_loss'], '.4f'):>8s} "
-              f"{_fmt(row['seconds_to_target'], '.1f'):>11s} {_fmt(row['train_seconds'], '.1f'):>8s} "
-              f"{_fmt(row['median_step_ms'], '.1f'):>8s} "
+        each = " ".join(fmt(f) for f in finals) if len(finals) > 1 else ""
+        print(f"{row['task']:7s} {row['kind']:9s} {fmt(row['lr'], 'g'):>6s} {fmt(row['damping'], 'g'):>6s} "
+              f"{fmt(row['final']):>6s} {fmt(row['final_loss'], '.4f'):>8s} "
+              f"{fmt(row['seconds_to_target'], '.1f'):>11s} {fmt(row['train_seconds'], '.1f'):>8s} "
+              f"{fmt(row['median_step_ms'], '.1f'):>8s} "
               f"{row['nan_runs']}/{row['runs']:<6d} {row['wall_seconds']:7.0f}  {each}")

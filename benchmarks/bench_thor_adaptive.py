@@ -81,7 +81,7 @@ if not __package__:
         del sys.path[0]
     sys.path.insert(0, os.path.dirname(_HERE))
 
-from benchmarks._adaptive_summary import _best, _fmt, average_seeds, print_table, summarise  # noqa: E402
+from benchmarks._adaptive_summary import average_seeds, best_run, fmt, print_table, summarise  # noqa: E402
 from benchmarks._adaptive_tasks import TARGETS, TASKS, build_task, recipe_optimizer  # noqa: E402
 from benchmarks._common import RESULTS_DIR, float_list, save_figure, write_json  # noqa: E402
 
@@ -246,7 +246,7 @@ def plot(path: str, runs: List[Dict], tasks: Sequence[str], title: str) -> None:
         mine = [r for r in runs if r["task"] == name]
         for kind, colour in colours.items():
             group = [r for r in mine if r["kind"] == kind]
-            run, nans = _best(group), sum(r["nan"] for r in group)
+            run, nans = best_run(group), sum(r["nan"] for r in group)
             if group and run is None:  # every run of the kind went NaN: say so in the legend
                 ax.plot([], [], marker="x", color=colour, linestyle="none",
                         label=f"{kind}: NaN at step {group[0]['nan_step']}" if len(group) == 1
@@ -313,9 +313,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             runs.append(run)
             save(args, runs, time.perf_counter() - wall)  # after every run: an interrupted run keeps its part
             outcome = f"NaN at step {run['nan_step']}" if run["nan"] else f"final {run['final']:.3f}"
-            print(f"{name:6s} seed {seed} {kind:8s} lr={_fmt(lr, 'g'):6s} damping={str(damping):8s} -> {outcome}, "
+            print(f"{name:6s} seed {seed} {kind:8s} lr={fmt(lr, 'g'):6s} damping={str(damping):8s} -> {outcome}, "
                   f"to target "
-                  f"{_fmt(run['seconds_to_target'], '.1f')} s, {run['wall_seconds']:.0f} s wall", flush=True)
+                  f"{fmt(run['seconds_to_target'], '.1f')} s, {run['wall_seconds']:.0f} s wall", flush=True)
     summary = save(args, runs, time.perf_counter() - wall, complete=True)
     print_table(summary["table"])
     print(f"goals: {summary['goals']['met']}; {time.perf_counter() - wall:.0f} s wall for {len(runs)} runs")
