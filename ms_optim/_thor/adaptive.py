@@ -25,6 +25,9 @@ of a schedule. With ``f = frequency``, ``T = adapt_every``, ``[d_min, d_max] = d
                 clip(d * omega, d_min, d_max)   if rho > 3/4    (the model is trustworthy: damp less)
                 d                               otherwise
 
+With ``learning_rate="adaptive"`` the ratio is the trial's against its calibrated model and the damping never
+falls below the first step's (``ms_optim._thor.adaptive_lr``, :meth:`AdaptiveDamping.adapt_calibrated`).
+
 ``eps = RESOLUTION`` (2**-16, about 128 float32 units in the last place of the loss): a step whose predicted
 and measured loss changes are both that small is below what a float32 loss resolves (a zero learning rate,
 a converged net), so its ratio is rounding noise and tells nothing about the damping.
@@ -110,10 +113,11 @@ class AdaptiveDamping(nn.Cell):
     ``rule(step, anchor, factor_loss_scale)`` -> the damping of this step; ``rule.refresh(thor_step, d)`` ->
     whether to invert; ``rule.inversion_scale(thor_step, factor_loss_scale, d)`` inside the inversion branch;
     ``rule.after_update(success, step, gradients, lr, moments)`` after the update. The training cell's probe
-    calls :meth:`due_after` and :meth:`adapt`.
+    calls :meth:`due_after` and :meth:`adapt` (``learning_rate="adaptive"``'s step: :meth:`adapt_calibrated`).
 
     State (float32 Parameters of shape (), in checkpoints): ``value`` (``thor_damping``, -1 until the first
-    step sets it), ``inverted`` (``thor_inverted_damping``: the damping of the stored inverses),
+    step sets it), ``start`` (``thor_initial_damping``: the first step's damping, the floor of
+    :meth:`adapt_calibrated`), ``inverted`` (``thor_inverted_damping``: the damping of the stored inverses),
     ``curvature_scale`` (``thor_curvature_loss_scale``: the loss scale the stored G carries), ``predicted``
     (``thor_predicted_change``: q of the last adaptation step), ``ratio`` (``thor_reduction_ratio``: its rho)
     and ``loss_change`` (``thor_loss_change``: its L1 - L0, averaged over ranks).
@@ -137,6 +141,7 @@ class AdaptiveDamping(nn.Cell):
         self.one = Tensor(1.0, mstype.float32)
         self.failed = Tensor(FAILED_RATIO, mstype.float32)
         self.value = scalar_parameter(-1.0, "thor_damping")
+        self.start = scalar_parameter(-1.0, "thor_initial_damping")
         self.inverted = scalar_parameter(-1.0, "thor_inverted_damping")
         self.curvature_scale = scalar_parameter(config.loss_scale, "thor_curvature_loss_scale")
         self.predicted = scalar_parameter(0.0, "thor_predicted_change")
@@ -190,6 +195,7 @@ class AdaptiveDamping(nn.Cell):
         if damping < 0:
             damping = self._initial(anchor, factor_loss_scale)
             damping = F.depend(damping, ops.assign(self.value, damping))
+            damping = F.depend(damping, ops.assign(self.start, damping))
         return damping
 
     def refresh(self, thor_step, damping):
@@ -227,17 +233,24 @@ class AdaptiveDamping(nn.Cell):
         change = values[1] - values[0]
         ratio = change / values[2]
         ratio = ops.select(ops.isfinite(ratio), ratio, self.failed)
-        return self.adapt_ratio(ratio, change, values[2], unresolved(change, values[2], values[0], values[1]))
+        noise = unresolved(change, values[2], values[0], values[1])
+        return self._moved(ratio, change, values[2], noise, self.low)
 
-    def adapt_ratio(self, ratio, change, predicted, noise):
-        """The Levenberg-Marquardt update of the damping from a reduction ratio (already averaged over the
-        ranks), none where ``noise`` (the step's change is below the loss's resolution, :func:`unresolved`);
-        records ``ratio``, ``change`` and ``predicted``; returns the new damping. ``adapt`` calls it, and
-        ``learning_rate="adaptive"``'s step with its own ratio (``ms_optim._thor.adaptive_lr``)."""
+    def adapt_calibrated(self, ratio, change, predicted, noise):
+        """The update of ``learning_rate="adaptive"``'s step, from its trial's ratio against the calibrated
+        model (``ms_optim._thor.adaptive_lr``; already averaged over the ranks): as :meth:`adapt`'s, but the
+        damping never falls below ``start``, the first step's damping (nor below the lower bound)."""
+        return self._moved(ratio, change, predicted, noise, ops.maximum(self.start * 1.0, self.low))
+
+    def _moved(self, ratio, change, predicted, noise, low):
+        """The Levenberg-Marquardt update from a reduction ratio: the damping times ``1/omega`` (ratio below
+        1/4), ``omega`` (above 3/4) or 1, and 1 where ``noise`` (the step's change is below the loss's
+        resolution, :func:`unresolved`), clipped to ``[low, high]``; records ``ratio``, ``change`` and
+        ``predicted``; returns the new damping."""
         factor = ops.select(ratio < LOWER_RATIO, self.inverse_omega,
                             ops.select(ratio > UPPER_RATIO, self.omega, self.one))
         factor = ops.select(noise, self.one, factor)
-        damping = ops.minimum(ops.maximum(self.value * factor, self.low), self.high)
+        damping = ops.minimum(ops.maximum(self.value * factor, low), self.high)
         done = ops.assign(self.ratio, ratio)
         done = F.depend(done, ops.assign(self.loss_change, change))
         done = F.depend(done, ops.assign(self.predicted, predicted))

@@ -88,18 +88,24 @@ With ``momentum="adaptive"`` the final step along p is the minimiser of the meas
 ``momentum_coefficient``), as are ``kappa`` (``calibration``) and the trial's ``(a0, b0)``.
 
 With ``damping="adaptive"`` the damping rule needs no pass of its own: on an adaptation step its reduction
-ratio is the one the damped Kronecker model's own minimiser along p would get on the measured curvature,
+ratio is the trial's, against the model that chose the trial (the damped Kronecker model times the trial's
+``kappa``, as kfac-jax's ratio is that of the model its step came from):
 
 .. code-block:: text
 
-    rho = 2 - m        (FAILED_RATIO when L_p, c or m is not finite, or k_d <= 0; no update of the damping
-                        on a noise step above)
+    q_c = <e,(a0,b0)> + kappa k_d / 2              (kappa: the trial's calibration, before the measurement)
+    rho = (L_p - L0) / q_c                         (FAILED_RATIO when L_p, c or rho is not finite, k_d <= 0
+                                                    or q_c >= 0; no update of the damping on a noise step)
+    d   <- clip(d / omega, d_start, d_max)   if rho < 1/4;   clip(d * omega, d_start, d_max)   if rho > 3/4
 
-(along p the model is ``tau <e,(a0,b0)> + tau^2 k_d / 2``, the loss ``tau <e,(a0,b0)> + tau^2 c / 2``; at the
-model's minimiser their changes are in the ratio ``2 - c / k_d``). The rule then raises the damping where the
-damped Kronecker model misses curvature the batch shows (``c > 1.75 k_d``) and lowers it where the model
-holds (``c < 1.25 k_d``). It records ``ratio``, ``loss_change = L_p - L0`` and ``predicted = <e,(a0,b0)> +
-k_d / 2`` (the damped model's change for the trial).
+``d_start`` is the first step's damping (the initial-damping heuristic's, ``start``), or the lower bound if
+that is higher. Why the floor: with the step calibrated on each batch the ratio cannot tell that the damping
+is too small. A smaller damping lengthens THOR's direction along the factors' small eigenvalues, ``kappa``
+shortens the step to match, and the ratio stays near 1, so without a floor the damping falls step after
+step until the direction is the noise of one batch's factors. What the ratio does tell is a trial that
+did worse than its calibrated model promised (a quarter of the promise or less; a rejected trial): the
+damping rises and the direction turns towards the gradient's, and it falls back to ``d_start`` while the
+trials keep their promise. The rule records ``ratio``, ``loss_change = L_p - L0`` and ``predicted = q_c``.
 
 What the other arguments become: ``momentum`` is ``mu`` above (below 1; or ``"adaptive"``);
 ``kl_clip`` is the trust region above instead of THOR's scaling of the preconditioned gradient
@@ -329,10 +335,12 @@ class QuadraticStep(nn.Cell):
         alpha = F.depend(alpha, moved)
         if self.adaptive_damping:
             if self.damping_rule.due_after(self.global_step * 1):
-                ratio = 2.0 - measured_kappa
-                usable = ops.logical_and(ops.logical_and(finite, damped > 0), ops.isfinite(ratio))
-                ratio = ops.select(usable, ratio, self.failed)
-                alpha = F.depend(alpha, self.damping_rule.adapt_ratio(ratio, change, predicted, noise))
+                # the model that chose the trial: the damped Kronecker model times the trial's kappa
+                calibrated = linear + 0.5 * kappa * damped
+                ratio = change / calibrated
+                usable = ops.logical_and(ops.logical_and(finite, damped > 0), calibrated < 0)
+                ratio = ops.select(ops.logical_and(usable, ops.isfinite(ratio)), ratio, self.failed)
+                alpha = F.depend(alpha, self.damping_rule.adapt_calibrated(ratio, change, calibrated, noise))
         return alpha
 
 

@@ -17,9 +17,10 @@ Written from the formulas of ``ms_optim/_thor/adaptive.py``, ``ms_optim/_thor/qu
             c = <Gb delta, delta Ab> for a Dense weight (Ab, Gb: the stored factors' diagonal blocks),
             c = <g^2 / B, delta^2> for LayerNorm gamma/beta, 0 otherwise
         L1 = loss on the same batch after the update;  rho = (L1 - L0) / q  (-100 if not finite)
-            (with learning_rate="adaptive": rho = 2 - m of the trial, AdaptiveLrMixin)
+            (with learning_rate="adaptive": the trial's ratio against its calibrated model, AdaptiveLrMixin)
         d = d if L0, L1, q finite and |L1 - L0|, |q| <= 2**-16 max(|L0|, |L1|) (rounding noise);
             else clip(d / omega) if rho < 1/4;  clip(d * omega) if rho > 3/4;  else d
+            (clip to [lo, hi]; with learning_rate="adaptive" to [max(d of the first step, lo), hi])
 """
 from __future__ import annotations
 
@@ -78,6 +79,8 @@ class AdaptiveThorReference(ThorReference):
         self.bounds = bounds
         self.omega = 0.95 ** adapt_every
         self.d: Optional[float] = None
+        self.start: Optional[float] = None  # the first step's damping
+        self.floor_at_start = False  # learning_rate="adaptive": the damping never falls below ``start``
         self.d_inv: Optional[float] = None
         self.stored: Dict[str, Tuple[Array, Array]] = {}
         self.dampings, self.ratios, self.changes, self.predicted = [], [], [], []
@@ -85,7 +88,7 @@ class AdaptiveThorReference(ThorReference):
 
     def damping_now(self, factors):
         if self.d is None:
-            self.d = initial_damping(factors, self.bounds)
+            self.d = self.start = initial_damping(factors, self.bounds)
         return self.d
 
     def refresh_due(self) -> bool:
@@ -115,26 +118,27 @@ class AdaptiveThorReference(ThorReference):
                 q += 0.5 * float(np.sum(grad ** 2 / self.batch_size * delta ** 2))
         return q
 
-    def reduction(self, x: Array, y: Array, lr: float) -> Tuple[float, float, float]:
-        """``(rho, L1 - L0, q)`` of the adaptation step just taken at learning rate ``lr`` (the adaptive learning
-        rate's oracle overrides it with its trial's measurement)."""
+    def reduction(self, x: Array, y: Array, lr: float) -> Tuple[float, float, float, bool]:
+        """``(rho, L1 - L0, q, noise)`` of the adaptation step just taken at learning rate ``lr`` (the adaptive
+        learning rate's oracle overrides it with its trial's measurement)."""
         q = self.model_change(lr)
         after, _, _ = self.model.forward_backward(self.params, x, y)
         change = after - self.losses[-1]
         rho = change / q if q != 0 else float("nan")
-        return (rho if math.isfinite(rho) else FAILED_RATIO), change, q
+        noise = unresolved(change, q, self.losses[-1], after)
+        return (rho if math.isfinite(rho) else FAILED_RATIO), change, q, noise
 
     def step(self, x: Array, y: Array) -> Dict[str, Array]:
         t = self.t
         lr = self._at(self.lr)
         super().step(x, y)
         if (t + 1) % self.adapt_every == 0:
-            before = self.losses[-1]
-            rho, change, q = self.reduction(x, y, lr)
+            rho, change, q, noise = self.reduction(x, y, lr)
             factor = 1.0 / self.omega if rho < 0.25 else (self.omega if rho > 0.75 else 1.0)
-            if unresolved(change, q, before, before + change):
+            if noise:
                 factor = 1.0
-            self.d = min(max(self.d * factor, self.bounds[0]), self.bounds[1])
+            low = max(self.start, self.bounds[0]) if self.floor_at_start else self.bounds[0]
+            self.d = min(max(self.d * factor, low), self.bounds[1])
             self.ratios.append((t, rho))
             self.changes.append((t, change))
             self.predicted.append((t, q))
@@ -214,8 +218,9 @@ class AdaptiveLrMixin:
         rejected (else, L_p > L0, or L_p / c not finite): kappa' = max(min(10 kappa, 1e8), kappa' if c finite);
             (0, 0)
         else (alpha, beta) = step(M(kappa'), b);  w <- w + alpha x + beta y;  y <- alpha x + beta y
-        damping="adaptive", adaptation step: rho = 2 - m (-100 if L_p, c or rho not finite or k_d <= 0),
-            L1 - L0 := L_p - L0,  q := a0 e0 + b0 e1 + k_d / 2
+        damping="adaptive", adaptation step: q := a0 e0 + b0 e1 + kappa k_d / 2 (kappa: the trial's),
+            rho = (L_p - L0) / q (-100 if L_p, c or rho not finite, k_d <= 0 or q >= 0), L1 - L0 := L_p - L0,
+            no damping update on a noise step; the damping never falls below the first step's
 
     Records per step: ``alphas``, ``betas`` (the final step), ``trials`` ((a0, b0)), ``kappas`` (kappa after the
     step), ``measured`` (m, NaN where k_d <= 0), ``rejected``, ``trial_losses`` (L_p), ``curvatures`` ((c, k_d))
@@ -224,6 +229,7 @@ class AdaptiveLrMixin:
 
     def _init_adaptive_lr(self, momentum) -> None:
         self.momentum_rule = momentum  # "adaptive" or mu
+        self.floor_at_start = True
         self.kappa = 1.0
         self.alphas, self.betas, self.trials, self.kappas, self.measured = [], [], [], [], []
         self.rejected, self.trial_losses, self.curvatures, self.systems = [], [], [], []
@@ -232,7 +238,7 @@ class AdaptiveLrMixin:
         self.batch = (x, y)  # the trial's loss is measured on the step's own batch
         return super().step(x, y)
 
-    def reduction(self, x: Array, y: Array, lr: float) -> Tuple[float, float, float]:
+    def reduction(self, x: Array, y: Array, lr: float) -> Tuple[float, float, float, bool]:
         return self.measurement
 
     def curvature(self, pname: str, a_vec: Array, b_vec: Array, grad: Array) -> float:
@@ -315,9 +321,10 @@ class AdaptiveLrMixin:
             s = alpha * xs[p] + beta * ys[p]
             self.params[p] = self.params[p] + s
             self.moments[p] = s
-        rho = 2.0 - m
-        usable = finite and k_d > 0 and math.isfinite(rho)
-        self.measurement = (rho if usable else FAILED_RATIO, change, linear + 0.5 * k_d)
+        calibrated = linear + 0.5 * kappa * k_d  # the change the trial's own (calibrated) model predicted
+        rho = change / calibrated if calibrated != 0 else float("nan")
+        usable = finite and k_d > 0 and calibrated < 0 and math.isfinite(rho)
+        self.measurement = (rho if usable else FAILED_RATIO, change, calibrated, noise)
         self.kappa = new_kappa
         self.systems.append(system)
         self.trials.append((a0, b0))
