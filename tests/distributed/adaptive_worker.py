@@ -75,11 +75,14 @@ def run(name: str, data: str, rank: int, local: int):
     loss = nn.SoftmaxCrossEntropyWithLogits(sparse=True, reduction="mean")
     cell = ms_nn.TrainOneStepCell(nn.WithLossCell(net, loss), opt).set_train()
     xs, ys = batches(data)
-    history = {"__losses__": [], "__dampings__": [], "__alphas__": [], "__betas__": [], "__kappas__": []}
+    history = {"__losses__": [], "__dampings__": [], "__alphas__": [], "__betas__": [], "__kappas__": [],
+               "__ratios__": []}
     for s in range(STEPS):
         part = slice(rank * local, (rank + 1) * local)
         history["__losses__"].append(float(cell(Tensor(xs[s, part]), Tensor(ys[s, part])).asnumpy()))
         history["__dampings__"].append(float(np.asarray(opt.damping.asnumpy()).reshape(-1)[0]))
+        if damping == "adaptive":  # the reduction ratio of the last adaptation step
+            history["__ratios__"].append(float(opt.damping_rule.ratio.asnumpy()))
         if learning_rate == "adaptive":
             history["__alphas__"].append(float(opt.quadratic_step.step_size.asnumpy()))
             history["__betas__"].append(float(opt.quadratic_step.momentum_coefficient.asnumpy()))

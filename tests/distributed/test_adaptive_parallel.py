@@ -42,6 +42,22 @@ def _load(results, run, data, mode):
     return load_ranks_and_single(results, f"{run}_{data}_{mode}")
 
 
+def _check_calibrated_damping(dampings, ratios):
+    """Every adaptation step's decision (``adapt_every=2``: steps 1, 3, 5) from its ratio, shared by the ranks:
+    ``d / omega`` below 1/4, ``max(d * omega, first step's d)`` above 3/4, else ``d``; no change in between."""
+    omega = np.float32(0.95 ** 2)
+    assert np.all(np.isfinite(ratios)) and np.all(ratios > -100.0), ratios  # every ratio a measurement
+    for s in range(1, len(dampings)):
+        before, ratio = dampings[s - 1], ratios[s]
+        if s % 2 == 0:
+            expected = before
+        elif ratio < 0.25:
+            expected = before / omega
+        else:
+            expected = max(before * omega, dampings[0]) if ratio > 0.75 else before
+        np.testing.assert_allclose(dampings[s], expected, rtol=1e-6, err_msg=f"step {s}, ratio {ratio}")
+
+
 @pytest.mark.parametrize("run, data, mode", TAGS)
 def test_ranks_decide_alike(results, run, data, mode):
     rank0, rank1, single = _load(results, run, data, mode)
@@ -53,7 +69,11 @@ def test_ranks_decide_alike(results, run, data, mode):
     for name in shared:
         np.testing.assert_array_equal(rank0[name], rank1[name], err_msg=name)
     if damping == "adaptive":
-        assert "thor_damping" in shared and len(set(rank0["__dampings__"])) > 1, rank0["__dampings__"]
+        assert "thor_damping" in shared and "thor_reduction_ratio" in shared
+        if learning_rate == "adaptive":  # a rule whose damping stays at its start while the trials deliver
+            _check_calibrated_damping(rank0["__dampings__"], rank0["__ratios__"])
+        else:
+            assert len(set(rank0["__dampings__"])) > 1, rank0["__dampings__"]
     if learning_rate == "adaptive":
         assert "thor_step_size" in shared and len(rank0["__alphas__"]) == adaptive_worker.STEPS
         betas = rank0["__betas__"]
