@@ -223,13 +223,13 @@ class QuadraticStep(nn.Cell):
         self.decay_flags = pick(decay_flags, self.factored)
         self.a_factors = pick(tuple(a_factors), self.factored)
         self.g_factors = pick(tuple(g_factors), self.factored)
-        self.flat_layernorm, self.flat_decay, self.flat_kept = None, None, None
+        self.flat_layernorm, self.flat_decay = None, None
         if self.flat:
             sizes = [(i, int(np.prod(parameters[i].shape))) for i in self.flat]
             layernorm = [np.full(n, float(treatments[i][0] == pc.LAYERNORM), np.float32) for i, n in sizes]
             self.flat_layernorm = Tensor(np.concatenate(layernorm))
-            decay = np.concatenate([np.full(n, bool(decay_flags[i])) for i, n in sizes])
-            self.flat_decay, self.flat_kept = Tensor(decay), Tensor(decay.astype(np.float32))
+            decay = [np.full(n, float(bool(decay_flags[i])), np.float32) for i, n in sizes]
+            self.flat_decay = Tensor(np.concatenate(decay))
         self.batch_size = float(batch_size)
         self.weight_decay = Tensor(config.weight_decay, mstype.float32)
         self.kl_clip = None if config.kl_clip is None else Tensor(config.kl_clip, mstype.float32)
@@ -281,7 +281,7 @@ class QuadraticStep(nn.Cell):
             system = system + ops.reduce_sum(ops.stack(terms), 0)
         if self.flat:
             system = system + flat_system_terms(
-                self.weight_decay, self.batch_size, self.flat_layernorm, self.flat_decay, self.flat_kept,
+                self.weight_decay, self.batch_size, self.flat_layernorm, self.flat_decay,
                 flat_float32(gradients, self.flat), flat_float32(directions, self.flat),
                 flat_float32(previous, self.flat), flat_float32(weights, self.flat))
         system = self.mean_over_ranks(system)

@@ -141,21 +141,20 @@ def flat_float32(values, index):
     return ops.concat(parts)
 
 
-def flat_system_terms(weight_decay, batch_size, layernorm, decay, kept, gradient, direction, previous,
-                      weight):
+def flat_system_terms(weight_decay, batch_size, layernorm, decay, gradient, direction, previous, weight):
     """The 13 terms (:data:`system_terms`) of every parameter without Kronecker factors (LayerNorm gamma/beta:
     ``K`` from the diagonal ``g^2 / batch_size`` THOR inverts; the plain ones: ``K = 0``), summed, from their
     entries as flat float32 vectors: one computation for them all instead of a dozen small ones each (a net
-    has many such parameters, each a few hundred entries or less). ``layernorm``, ``decay`` and ``kept`` are
-    constant masks of the same length (1.0 on a LayerNorm entry; True, and 1.0, where ``decay_filter``
-    holds); ``direction`` is ``u`` (``x = -u``)."""
+    has many such parameters, each a few hundred entries or less). ``layernorm`` and ``decay`` are constant
+    float32 masks of the same length (1.0 on a LayerNorm entry, 1.0 where ``decay_filter`` holds, else 0.0);
+    ``direction`` is ``u`` (``x = -u``)."""
     x = -direction
     y = previous
     diagonal = layernorm * ops.square(gradient) / batch_size
     kxx, kxy, kyy = _dots(diagonal * x, diagonal * y, x, y)
     nxx, nxy, nyy = _dots(x, y, x, y)
-    wxx, wxy, wyy = _dots(kept * x, kept * y, x, y)
-    h = ops.select(decay, gradient + weight_decay * weight, gradient)
+    wxx, wxy, wyy = _dots(decay * x, decay * y, x, y)
+    h = gradient + (weight_decay * decay) * weight
     return ops.stack([kxx, kxy, kyy, nxx, nxy, nyy, wxx, wxy, wyy, ops.reduce_sum(h * x),
                       ops.reduce_sum(h * y), ops.reduce_sum(gradient * x), ops.reduce_sum(gradient * y)])
 
