@@ -18,6 +18,7 @@ import sys
 
 import numpy as np
 import pytest
+from support.adaptive_lr_checks import calibrated_damping_after
 from support.msrun import load_ranks_and_single, results_fixture
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -49,12 +50,7 @@ def _check_calibrated_damping(dampings, ratios):
     assert np.all(np.isfinite(ratios)) and np.all(ratios > -100.0), ratios  # every ratio a measurement
     for s in range(1, len(dampings)):
         before, ratio = dampings[s - 1], ratios[s]
-        if s % 2 == 0:
-            expected = before
-        elif ratio < 0.25:
-            expected = before / omega
-        else:
-            expected = max(before * omega, dampings[0]) if ratio > 0.75 else before
+        expected = before if s % 2 == 0 else calibrated_damping_after(before, ratio, dampings[0], omega)
         np.testing.assert_allclose(dampings[s], expected, rtol=1e-6, err_msg=f"step {s}, ratio {ratio}")
 
 

@@ -13,6 +13,15 @@ def pair_close(got, want, what):
     np.testing.assert_allclose(got, want, rtol=RTOL, atol=RTOL * max(abs(v) for v in want), err_msg=what)
 
 
+def calibrated_damping_after(before: float, ratio: float, start: float, omega: float) -> float:
+    """The damping after an adaptation step of ``learning_rate="adaptive"`` with ``damping="adaptive"``, from
+    the trial's ``ratio``: ``before / omega`` below 1/4, ``max(before * omega, start)`` above 3/4 (never below
+    the first step's damping ``start``), else ``before``."""
+    if ratio < 0.25:
+        return before / omega
+    return max(before * omega, start) if ratio > 0.75 else before
+
+
 def value(parameter) -> float:
     """A scalar Parameter's value."""
     return float(parameter.asnumpy())
