@@ -239,8 +239,12 @@ class AdaptiveDamping(nn.Cell):
     def adapt_calibrated(self, ratio, change, predicted, noise):
         """The update of ``learning_rate="adaptive"``'s step, from its trial's ratio against the calibrated
         model (``ms_optim._thor.adaptive_lr``; already averaged over the ranks): as :meth:`adapt`'s, but the
-        damping never falls below ``start``, the first step's damping (nor below the lower bound)."""
-        return self._moved(ratio, change, predicted, noise, ops.maximum(self.start * 1.0, self.low))
+        damping never falls below ``start``, the first step's damping (nor below the lower bound). State
+        restored from a checkpoint without ``start`` (it is still -1) takes the damping it resumed with as its
+        start, so the floor stays a damping this run trained with, not the lower bound."""
+        start = ops.select(self.start < 0, self.value * 1.0, self.start * 1.0)
+        start = F.depend(start, ops.assign(self.start, start))
+        return self._moved(ratio, change, predicted, noise, ops.maximum(start, self.low))
 
     def _moved(self, ratio, change, predicted, noise, low):
         """The Levenberg-Marquardt update from a reduction ratio: the damping times ``1/omega`` (ratio below

@@ -99,9 +99,10 @@ ratio is the trial's, against the model that chose the trial (the damped Kroneck
     d   <- clip(d / omega, d_start, d_max)   if rho < 1/4;   clip(d * omega, d_start, d_max)   if rho > 3/4
 
 ``d_start`` is the first step's damping (the initial-damping heuristic's, ``start``), or the lower bound if
-that is higher. Why the floor: with the step calibrated on each batch the ratio cannot tell that the damping
-is too small. A smaller damping lengthens THOR's direction along the factors' small eigenvalues, ``kappa``
-shortens the step to match, and the ratio stays near 1, so without a floor the damping falls step after
+that is higher (state resumed from a checkpoint without ``start``: the damping it resumed with). Why the
+floor: with the step calibrated on each batch the ratio cannot tell that the damping is too small. A
+smaller damping lengthens THOR's direction along the factors' small eigenvalues, ``kappa`` shortens the
+step to match, and the ratio stays near 1, so without a floor the damping falls step after
 step until the direction is the noise of one batch's factors. What the ratio does tell is a trial that
 did worse than its calibrated model promised (a quarter of the promise or less; a rejected trial): the
 damping rises and the direction turns towards the gradient's, and it falls back to ``d_start`` while the

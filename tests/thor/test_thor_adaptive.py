@@ -268,6 +268,32 @@ def _adaptive_cell(seed: int = 31):
     return net, opt, ms_nn.TrainOneStepCell(_loss_net(net), opt).set_train()
 
 
+def test_checkpoint_without_initial_damping_keeps_the_resumed_damping_as_floor(mode, tmp_path):
+    """A checkpoint holding no ``thor_initial_damping`` (the floor of the calibrated damping rule): the
+    resumed run takes the damping it resumed with as its start, on its first adaptation step, and the damping
+    never falls below it (not to the lower bound)."""
+    batches = [mlp_batches(np.random.default_rng(60 + i), 1, batch=64)[0] for i in range(9)]
+    first, first_opt, first_cell = _adaptive_cell()
+    for x, y in batches[:3]:
+        first_cell(Tensor(x), Tensor(y))
+    path = str(tmp_path / "adaptive.ckpt")
+    ms.save_checkpoint(first_cell, path)
+    saved = ms.load_checkpoint(path)
+    resumed_with = float(saved["thor_damping"].asnumpy())
+    del saved["thor_initial_damping"]
+    _, resumed_opt, resumed_cell = _adaptive_cell(seed=99)
+    not_loaded, _ = ms.load_param_into_net(resumed_cell, saved)
+    assert not_loaded == ["thor_initial_damping"], not_loaded
+    rule = resumed_opt.damping_rule
+    assert float(rule.start.asnumpy()) == -1.0
+    dampings = []
+    for x, y in batches[3:]:
+        resumed_cell(Tensor(x), Tensor(y))
+        dampings.append(float(rule.value.asnumpy()))
+    assert float(rule.start.asnumpy()) == resumed_with, (rule.start.asnumpy(), resumed_with)
+    assert min(dampings) >= np.float32(resumed_with), (dampings, resumed_with)
+
+
 def test_checkpoint_resume_continues_adaptive_thor_identically(mode, tmp_path):
     """Every piece of adaptive state (the damping, the calibration, the previous update, the stored factors
     and inverses, the step) is in the training cell's checkpoint: 3 steps, save, load into a fresh cell,
