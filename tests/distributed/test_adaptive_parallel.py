@@ -18,6 +18,7 @@ import sys
 
 import numpy as np
 import pytest
+from reference.thor_adaptive_ref import FAILED_RATIO
 from support.adaptive_lr_checks import calibrated_damping_after
 from support.msrun import load_ranks_and_single, results_fixture
 
@@ -47,7 +48,7 @@ def _check_calibrated_damping(dampings, ratios):
     """Every adaptation step's decision (``adapt_every=2``: steps 1, 3, 5) from its ratio, shared by the ranks:
     ``d / omega`` below 1/4, ``max(d * omega, first step's d)`` above 3/4, else ``d``; no change in between."""
     omega = np.float32(0.95 ** 2)
-    assert np.all(np.isfinite(ratios)) and np.all(ratios > -100.0), ratios  # every ratio a measurement
+    assert np.all(np.isfinite(ratios)) and np.all(ratios > FAILED_RATIO), ratios  # every ratio a measurement
     for s in range(1, len(dampings)):
         before, ratio = dampings[s - 1], ratios[s]
         expected = before if s % 2 == 0 else calibrated_damping_after(before, ratio, dampings[0], omega)

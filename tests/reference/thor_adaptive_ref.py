@@ -44,6 +44,12 @@ def unresolved(change: float, predicted: float, before: float, after: float) -> 
     return abs(change) <= scale and abs(predicted) <= scale
 
 
+def damping_factor(rho: float, omega: float) -> float:
+    """The Levenberg-Marquardt factor of the damping for a reduction ratio: ``1 / omega`` below 1/4, ``omega``
+    above 3/4, else 1."""
+    return 1.0 / omega if rho < 0.25 else (omega if rho > 0.75 else 1.0)
+
+
 def block_diagonal(factor: Array, block_size: Optional[int]) -> Array:
     """``factor`` with every entry outside its diagonal blocks of ``block_size`` set to 0."""
     n = factor.shape[0]
@@ -134,9 +140,7 @@ class AdaptiveThorReference(ThorReference):
         super().step(x, y)
         if (t + 1) % self.adapt_every == 0:
             rho, change, q, noise = self.reduction(x, y, lr)
-            factor = 1.0 / self.omega if rho < 0.25 else (self.omega if rho > 0.75 else 1.0)
-            if noise:
-                factor = 1.0
+            factor = 1.0 if noise else damping_factor(rho, self.omega)
             low = max(self.start, self.bounds[0]) if self.floor_at_start else self.bounds[0]
             self.d = min(max(self.d * factor, low), self.bounds[1])
             self.ratios.append((t, rho))

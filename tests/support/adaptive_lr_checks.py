@@ -2,6 +2,7 @@
 (``reference.thor_adaptive_ref``): the 2x2 system, the trial's and the final coefficients, the calibration kappa
 and the parameters after every step."""
 import numpy as np
+from reference.thor_adaptive_ref import damping_factor
 
 from support.thor_runs import RTOL, compare
 
@@ -17,9 +18,8 @@ def calibrated_damping_after(before: float, ratio: float, start: float, omega: f
     """The damping after an adaptation step of ``learning_rate="adaptive"`` with ``damping="adaptive"``, from
     the trial's ``ratio``: ``before / omega`` below 1/4, ``max(before * omega, start)`` above 3/4 (never below
     the first step's damping ``start``), else ``before``."""
-    if ratio < 0.25:
-        return before / omega
-    return max(before * omega, start) if ratio > 0.75 else before
+    factor = damping_factor(ratio, omega)
+    return max(before * factor, start) if factor < 1.0 else before * factor
 
 
 def value(parameter) -> float:

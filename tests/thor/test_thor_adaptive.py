@@ -273,7 +273,7 @@ def test_checkpoint_without_initial_damping_keeps_the_resumed_damping_as_floor(m
     resumed run takes the damping it resumed with as its start, on its first adaptation step, and the damping
     never falls below it (not to the lower bound)."""
     batches = [mlp_batches(np.random.default_rng(60 + i), 1, batch=64)[0] for i in range(9)]
-    first, first_opt, first_cell = _adaptive_cell()
+    _, _, first_cell = _adaptive_cell()
     for x, y in batches[:3]:
         first_cell(Tensor(x), Tensor(y))
     path = str(tmp_path / "adaptive.ckpt")
