@@ -7,7 +7,7 @@ import statistics
 from typing import Dict, List, Optional, Sequence
 
 POINT = 0.01  # "within 1 point" of a figure in [0, 1]
-_SETTING = ("task", "kind", "lr", "damping")
+_SETTING = ("task", "kind", "lr", "damping", "momentum")
 
 
 def _mean_curve(curves: List[List]) -> List:
@@ -19,13 +19,13 @@ def _mean_curve(curves: List[List]) -> List:
 
 
 def average_seeds(runs: List[Dict]) -> List[Dict]:
-    """One run per setting (task, kind, lr, damping), in order of first appearance. A setting run with one seed
-    is that run; with several, its final figure, final loss, times and ms/step are the means over the seeds
-    (``finals``: each seed's), NaN where any seed went NaN; its time to target the mean where every seed
-    reached the target (else none); its curve the pointwise mean."""
+    """One run per setting (task, kind, lr, damping, momentum), in order of first appearance. A setting run
+    with one seed is that run; with several, its final figure, final loss, times and ms/step are the means
+    over the seeds (``finals``: each seed's), NaN where any seed went NaN; its time to target the mean where
+    every seed reached the target (else none); its curve the pointwise mean."""
     groups: Dict[tuple, List[Dict]] = {}
     for run in runs:
-        groups.setdefault(tuple(run[k] for k in _SETTING), []).append(run)
+        groups.setdefault(tuple(run.get(k) for k in _SETTING), []).append(run)
     averaged = []
     for group in groups.values():
         if len(group) == 1:
@@ -35,7 +35,7 @@ def average_seeds(runs: List[Dict]) -> List[Dict]:
         reached = [r["seconds_to_target"] for r in group]
         mean = statistics.fmean
         averaged.append({
-            **{k: group[0][k] for k in _SETTING}, "seeds": [r.get("seed") for r in group],
+            **{k: group[0].get(k) for k in _SETTING}, "seeds": [r.get("seed") for r in group],
             "finals": [r["final"] for r in group], "nan": nan,
             "nan_step": next((r["nan_step"] for r in group if r["nan"]), None),
             "final": float("nan") if nan else mean(r["final"] for r in group),
@@ -59,8 +59,9 @@ def best_run(runs: List[Dict], by_time: bool = False) -> Optional[Dict]:
 
 
 def summarise(runs: List[Dict], tasks: Sequence[str]) -> Dict:
-    """The table (one row per task and run kind, grids as their best setting) and the goals, met or not, over
-    the runs averaged per setting (:func:`average_seeds`)."""
+    """The table (one row per task and run kind, grids as their best setting, adaptive THOR once per momentum)
+    and the goals, met or not, over the runs averaged per setting (:func:`average_seeds`); the goals judge
+    the first adaptive run (the first momentum)."""
     runs = average_seeds(runs)
     table, goals = [], {"never_nan": True, "within_1_point": {}, "beats_momentum_time": {}}
     for name in tasks:
@@ -69,13 +70,14 @@ def summarise(runs: List[Dict], tasks: Sequence[str]) -> Dict:
             group = [r for r in mine if r["kind"] == kind]
             if not group:
                 continue
-            best = best_run(group) or group[0]
-            table.append({**{k: best[k] for k in ("task", "kind", "lr", "damping", "final", "final_loss",
-                                                   "seconds_to_target", "train_seconds", "nan",
-                                                   "median_step_ms")},
-                          "finals": best.get("finals", [best["final"]]),
-                          "nan_runs": sum(r["nan"] for r in group), "runs": len(group),
-                          "wall_seconds": sum(r["wall_seconds"] for r in group)})
+            for best in group if kind == "adaptive" else [best_run(group) or group[0]]:
+                members = [best] if kind == "adaptive" else group  # the runs the row stands for
+                table.append({**{k: best.get(k) for k in ("task", "kind", "lr", "damping", "momentum", "final",
+                                                          "final_loss", "seconds_to_target", "train_seconds",
+                                                          "nan", "median_step_ms")},
+                              "finals": best.get("finals", [best["final"]]),
+                              "nan_runs": sum(r["nan"] for r in members), "runs": len(members),
+                              "wall_seconds": sum(r["wall_seconds"] for r in members)})
         adaptive = next((r for r in mine if r["kind"] == "adaptive"), None)
         thor, momentum = best_run([r for r in mine if r["kind"] == "thor"]), \
             best_run([r for r in mine if r["kind"] == "momentum"], by_time=True)
@@ -103,13 +105,13 @@ def fmt(value, spec: str = ".3f") -> str:
 
 def print_table(table: List[Dict]) -> None:
     """The table; with several seeds a setting's final figure is their mean, followed by each seed's."""
-    print(f"{'task':7s} {'run':9s} {'lr':>6s} {'damp':>6s} {'final':>6s} {'loss':>8s} {'to target s':>11s} "
-          f"{'train s':>8s} {'ms/step':>8s} {'NaN runs':>8s} {'wall s':>7s}  seeds' finals")
+    print(f"{'task':7s} {'run':9s} {'lr':>6s} {'damp':>6s} {'mom':>8s} {'final':>6s} {'loss':>8s} "
+          f"{'to target s':>11s} {'train s':>8s} {'ms/step':>8s} {'NaN runs':>8s} {'wall s':>7s}  seeds' finals")
     for row in table:
         finals = row.get("finals", [])
         each = " ".join(fmt(f) for f in finals) if len(finals) > 1 else ""
         print(f"{row['task']:7s} {row['kind']:9s} {fmt(row['lr'], 'g'):>6s} {fmt(row['damping'], 'g'):>6s} "
-              f"{fmt(row['final']):>6s} {fmt(row['final_loss'], '.4f'):>8s} "
+              f"{fmt(row.get('momentum'), 'g'):>8s} {fmt(row['final']):>6s} {fmt(row['final_loss'], '.4f'):>8s} "
               f"{fmt(row['seconds_to_target'], '.1f'):>11s} {fmt(row['train_seconds'], '.1f'):>8s} "
               f"{fmt(row['median_step_ms'], '.1f'):>8s} "
               f"{row['nan_runs']}/{row['runs']:<6d} {row['wall_seconds']:7.0f}  {each}")

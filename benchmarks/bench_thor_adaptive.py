@@ -1,4 +1,4 @@
-"""Adaptive THOR against tuned baselines: THOR recipes, lr/damping grids, Momentum and Lamb, on three tasks.
+r"""Adaptive THOR against tuned baselines: THOR recipes, lr/damping grids, Momentum and Lamb, on three tasks.
 
 Tasks (every run of a task starts from the same initial weights and sees the same batches; GRAPH_MODE, CPU):
 
@@ -19,7 +19,9 @@ Runs per task, every one with ``ms_optim.nn.TrainOneStepCell``, momentum 0.9 and
 
 * ``adaptive``: ``thor(net, "adaptive", "adaptive", 0.9, frequency=--frequency)``, every other setting at
   its default (momentum 0.9: each step 0.9 times the last plus 0.1 times the calibrated model's step;
-  ``--adaptive-momentum adaptive``: the 2x2 solve for step size and momentum). ``--adaptive`` names what is
+  ``--adaptive-momentum adaptive``: the 2x2 solve for step size and momentum; a comma list such as
+  ``0.9,0.8``: one adaptive run per momentum, each its own table row and curve, the goals judging the
+  first: how much the one number a user still passes matters). ``--adaptive`` names what is
   adaptive: ``damping,lr`` (the default: ``learning_rate="adaptive"`` too), ``damping`` (lr then
   ``--adaptive-lr``, constant) or ``lr`` (damping then ``--adaptive-damping``, constant).
 * ``recipe``: THOR with the model zoo's recipe for that model, its lr and damping schedules spread over the
@@ -60,6 +62,8 @@ a conv net: a few minutes per run on 2 cores);
     nice python benchmarks/bench_thor_adaptive.py                          # the full benchmark
     python benchmarks/bench_thor_adaptive.py --quick --tasks lenet         # smoke run
     nice python benchmarks/bench_thor_adaptive.py --adaptive damping       # a constant learning rate
+    nice python benchmarks/bench_thor_adaptive.py --tasks lenet,bert --seeds 3 --adaptive-momentum 0.9,0.7,0.8 \
+        --lrs 0.03 --dampings 0.1 --out benchmarks/results/x             # adaptive THOR's momentum, 3 seeds
     nice python benchmarks/bench_thor_adaptive.py --adaptive-momentum adaptive \
         --out benchmarks/results/bench_thor_adaptive_2x2                    # the 2x2 solve (momentum too)
     python benchmarks/bench_thor_adaptive.py --tasks bert --adaptive lr --out benchmarks/results/x
@@ -107,6 +111,13 @@ def _momentum(text: str):
     return value
 
 
+def _momenta(text: str) -> list:
+    values = [_momentum(x.strip()) for x in text.split(",") if x.strip()]
+    if not values or len(set(values)) != len(values):
+        raise argparse.ArgumentTypeError(f"must be distinct floats in [0, 1) or 'adaptive', got {text!r}")
+    return values
+
+
 def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], epilog=__doc__.split("\n\n", 1)[1],
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -117,9 +128,9 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
         "'lr' (learning_rate='adaptive' with a constant damping)")
     add("--adaptive-lr", type=float, default=0.1,
         help="adaptive THOR's constant lr without 'lr' (default 0.1)")
-    add("--adaptive-momentum", type=_momentum, default=0.9,
+    add("--adaptive-momentum", type=_momenta, default=[0.9],
         help="adaptive THOR's momentum: a float in [0, 1) or 'adaptive' (the 2x2 solve; needs 'lr' in "
-        "--adaptive) (default 0.9)")
+        "--adaptive), or a comma list of them: one adaptive run each, the goals judge the first (default 0.9)")
     add("--adaptive-damping", type=float, default=0.01,
         help="adaptive THOR's constant damping without 'damping' (default 0.01)")
     add("--lrs", type=float_list, default=[0.01, 0.03, 0.1], help="lr grid of THOR, Momentum, Lamb (default "
@@ -150,7 +161,7 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
            args.seeds) < 1 or args.frequency < 2 or args.resnet_images < 32:
         parser.error("epochs, --resnet-width, --eval-every and --seeds must be >= 1, --frequency >= 2, "
                      "--resnet-images >= 32")
-    if args.adaptive_momentum == "adaptive" and "lr" not in args.adaptive:
+    if "adaptive" in args.adaptive_momentum and "lr" not in args.adaptive:
         parser.error("--adaptive-momentum adaptive needs 'lr' in --adaptive (learning_rate='adaptive')")
     if args.quick:
         args.lrs, args.dampings = args.lrs[-1:], args.dampings[:1]
@@ -162,7 +173,7 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
 
 
 # ----------------------------------------------------------------------------------- one run
-def _optimizer(kind: str, lr, damping, task, net_with_loss, args):
+def _optimizer(kind: str, lr, damping, momentum, task, net_with_loss, args):
     """The optimizer of a run (``kind`` adaptive, recipe, thor, momentum or lamb) and the loss scale."""
     import numpy as np
     from mindspore import Tensor
@@ -173,19 +184,20 @@ def _optimizer(kind: str, lr, damping, task, net_with_loss, args):
     if kind == "adaptive":
         lr_arg = "adaptive" if "lr" in args.adaptive else Tensor(np.float32(lr))
         damping_arg = "adaptive" if "damping" in args.adaptive else Tensor(np.float32(args.adaptive_damping))
-        return ms_nn.thor(net_with_loss, lr_arg, damping_arg, args.adaptive_momentum, batch_size=task["batch"],
+        return ms_nn.thor(net_with_loss, lr_arg, damping_arg, momentum, batch_size=task["batch"],
                           frequency=args.frequency), 1.0
     if kind == "recipe":
         return recipe_optimizer(task, net_with_loss, args.frequency)
     if kind == "thor":
-        return ms_nn.thor(net_with_loss, Tensor(np.float32(lr)), Tensor(np.float32(damping)), 0.9,
+        return ms_nn.thor(net_with_loss, Tensor(np.float32(lr)), Tensor(np.float32(damping)), momentum,
                           batch_size=task["batch"], frequency=args.frequency), 1.0
     params = net_with_loss.trainable_params()
-    return (mnn.Momentum(params, lr, 0.9) if kind == "momentum" else ms_nn.Lamb(params, lr)), 1.0
+    return (mnn.Momentum(params, lr, momentum) if kind == "momentum" else ms_nn.Lamb(params, lr)), 1.0
 
 
-def train_once(task: Dict, kind: str, lr, damping, args) -> Dict:
-    """One run from the task's initial weights over its batches; the curve, times, NaN flag, final figure."""
+def train_once(task: Dict, kind: str, lr, damping, args, momentum=None) -> Dict:
+    """One run from the task's initial weights over its batches; the curve, times, NaN flag, final figure.
+    ``momentum``: the adaptive run's (default the first of ``--adaptive-momentum``); the others use 0.9."""
     import statistics
 
     import mindspore as ms
@@ -195,7 +207,11 @@ def train_once(task: Dict, kind: str, lr, damping, args) -> Dict:
 
     ms.set_seed(args.seed)
     net, net_with_loss = task["build"]()
-    opt, scale = _optimizer(kind, lr, damping, task, net_with_loss, args)
+    if kind == "adaptive":
+        momentum = args.adaptive_momentum[0] if momentum is None else momentum
+    else:
+        momentum = 0.9 if kind in ("thor", "momentum") else None
+    opt, scale = _optimizer(kind, lr, damping, momentum, task, net_with_loss, args)
     cell = ms_nn.TrainOneStepCell(net_with_loss, opt, sens=scale).set_train()
     target = TARGETS[task["name"]]
     steps, losses, curve, nan_step, reached = [], [], [], None, None
@@ -223,7 +239,7 @@ def train_once(task: Dict, kind: str, lr, damping, args) -> Dict:
     median = statistics.median(steps[1:]) if len(steps) > 1 else steps[0]
     finite = nan_step is None
     return {"task": task["name"], "kind": kind, "lr": None if kind in ("adaptive", "recipe") and lr is None
-            else lr, "damping": damping, "nan": not finite, "nan_step": nan_step,
+            else lr, "damping": damping, "momentum": momentum, "nan": not finite, "nan_step": nan_step,
             "final": curve[-1][2] if finite and curve else float("nan"), "final_loss": losses[-1],
             "seconds_to_target": reached, "train_seconds": median + sum(steps[1:]),
             "steps_to_target": next((c[0] for c in curve if c[2] >= target), None),
@@ -251,14 +267,18 @@ def plot(path: str, runs: List[Dict], tasks: Sequence[str], title: str) -> None:
                 ax.plot([], [], marker="x", color=colour, linestyle="none",
                         label=f"{kind}: NaN at step {group[0]['nan_step']}" if len(group) == 1
                         else f"{kind}: {nans}/{len(group)} NaN")
-            if run is None or not run["curve"]:
-                continue
-            total = len(group)
-            setting = "" if kind in ("adaptive", "recipe") else f" lr {run['lr']:g}"
-            setting += f" d {run['damping']:g}" if kind == "thor" else ""
-            label = f"{kind}{setting}: {run['final']:.3f}" + (f" ({nans}/{total} NaN)" if nans else "")
-            ax.plot([c[1] for c in run["curve"]], [c[2] for c in run["curve"]], marker=".", color=colour,
-                    linewidth=2.2 if kind == "adaptive" else 1.2, label=label)
+            # adaptive: every momentum of --adaptive-momentum (the first bold); a grid: its best run
+            shown = [r for r in group if not r["nan"]] if kind == "adaptive" else [run] if run else []
+            for index, run in enumerate(r for r in shown if r["curve"]):
+                setting = "" if kind in ("adaptive", "recipe") else f" lr {run['lr']:g}"
+                setting += f" d {run['damping']:g}" if kind == "thor" else ""
+                setting += f" momentum {run['momentum']}" if kind == "adaptive" and len(group) > 1 else ""
+                label = f"{kind}{setting}: {run['final']:.3f}" + (f" ({nans}/{len(group)} NaN)"
+                                                                  if nans and kind != "adaptive" else "")
+                bold = kind == "adaptive" and index == 0
+                ax.plot([c[1] for c in run["curve"]], [c[2] for c in run["curve"]], marker="." if bold or
+                        kind != "adaptive" else None, color=colour, alpha=1.0 if index == 0 else 0.45,
+                        linewidth=2.2 if bold else 1.2, label=label)
         ax.axhline(TARGETS[name], linestyle="--", linewidth=1, color="grey")
         ax.set_title(f"{name}: held-out {TASKS[name]} (target {TARGETS[name]:g} dashed)", fontsize=9)
         ax.set_xlabel("training seconds (compilation excluded)")
@@ -270,8 +290,9 @@ def plot(path: str, runs: List[Dict], tasks: Sequence[str], title: str) -> None:
 
 
 def _title(settings: Dict) -> str:
-    return (f"adaptive THOR ({','.join(settings['adaptive'])}, momentum "
-            f"{settings.get('adaptive_momentum', 0.9)}) against the best run of each grid "
+    momenta = settings.get("adaptive_momentum", 0.9)
+    momenta = ", ".join(str(m) for m in momenta) if isinstance(momenta, list) else momenta
+    return (f"adaptive THOR ({','.join(settings['adaptive'])}, momentum {momenta}) against the best run of each grid "
             f"(lrs {settings['lrs']}, dampings {settings['dampings']}); frequency {settings['frequency']}"
             + (f"; mean of {settings['seeds']} seeds" if settings.get("seeds", 1) > 1 else ""))
 
@@ -298,13 +319,14 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     for name, seed in [(name, args.seed + i) for name in args.tasks for i in range(args.seeds)]:
         seeded = argparse.Namespace(**{**vars(args), "seed": seed})
         task = build_task(name, seeded)
-        plan = [("adaptive", "adaptive" if "lr" in args.adaptive else args.adaptive_lr,
-                 "adaptive" if "damping" in args.adaptive else args.adaptive_damping), ("recipe", None, None)]
-        plan += [("thor", lr, d) for lr in args.lrs for d in args.dampings]
-        plan += [(kind, lr, None) for kind in task["baselines"] for lr in args.lrs]
-        for kind, lr, damping in plan:
+        adaptive = ("adaptive" if "lr" in args.adaptive else args.adaptive_lr,
+                    "adaptive" if "damping" in args.adaptive else args.adaptive_damping)
+        plan = [("adaptive", *adaptive, mu) for mu in args.adaptive_momentum] + [("recipe", None, None, None)]
+        plan += [("thor", lr, d, None) for lr in args.lrs for d in args.dampings]
+        plan += [(kind, lr, None, None) for kind in task["baselines"] for lr in args.lrs]
+        for kind, lr, damping, momentum in plan:
             try:
-                run = dict(train_once(task, kind, lr, damping, seeded), seed=seed)
+                run = dict(train_once(task, kind, lr, damping, seeded, momentum), seed=seed)
             except (TypeError, ValueError) as exc:
                 if kind == "adaptive":
                     refused = f"this ms_optim's thor refuses --adaptive {','.join(args.adaptive)}: {exc}"
@@ -313,7 +335,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             runs.append(run)
             save(args, runs, time.perf_counter() - wall)  # after every run: an interrupted run keeps its part
             outcome = f"NaN at step {run['nan_step']}" if run["nan"] else f"final {run['final']:.3f}"
-            print(f"{name:6s} seed {seed} {kind:8s} lr={fmt(lr, 'g'):6s} damping={str(damping):8s} -> {outcome}, "
+            print(f"{name:6s} seed {seed} {kind:8s} lr={fmt(lr, 'g'):6s} damping={str(damping):8s} "
+                  f"momentum={fmt(run['momentum'], 'g'):8s} -> {outcome}, "
                   f"to target "
                   f"{fmt(run['seconds_to_target'], '.1f')} s, {run['wall_seconds']:.0f} s wall", flush=True)
     summary = save(args, runs, time.perf_counter() - wall, complete=True)

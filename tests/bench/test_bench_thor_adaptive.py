@@ -31,7 +31,7 @@ def test_bench_thor_adaptive_quick_lenet(tmp_path):
     for r in result["runs"]:
         assert r["nan"] or 0.0 <= r["final"] <= 1.0
     adaptive = result["runs"][0]  # momentum 0.9: the averaged step; its alpha recorded every step
-    assert result["settings"]["adaptive_momentum"] == 0.9
+    assert result["settings"]["adaptive_momentum"] == [0.9] and adaptive["momentum"] == 0.9
     assert len(adaptive["step_sizes"]) == adaptive["steps"] and max(adaptive["step_sizes"]) > 0
     assert (tmp_path / "adaptive.png").stat().st_size > 0
 
@@ -52,6 +52,25 @@ def test_bench_thor_adaptive_seeds_average_each_setting(tmp_path):
     assert result["runs"][0]["step_sizes"] != result["runs"][4]["step_sizes"]  # two seeds, two problems
 
 
+def test_bench_thor_adaptive_several_momenta(tmp_path):
+    """``--adaptive-momentum 0.9,0.5``: one adaptive run per momentum, each its own table row; the goals judge
+    the first (its step cost is the first run's)."""
+    out = tmp_path / "momenta"
+    run = subprocess.run([sys.executable, SCRIPT, "--quick", "--tasks", "lenet", "--adaptive-momentum", "0.9,0.5",
+                          "--out", str(out)], capture_output=True, text=True, timeout=900)
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    result = json.loads((tmp_path / "momenta.json").read_text())
+    assert [(r["kind"], r["momentum"]) for r in result["runs"]] == [
+        ("adaptive", 0.9), ("adaptive", 0.5), ("recipe", None), ("thor", 0.9), ("momentum", 0.9)]
+    assert [(row["kind"], row["momentum"]) for row in result["table"]] == [
+        (r["kind"], r["momentum"]) for r in result["runs"]]
+    first, second = result["runs"][:2]
+    assert first["step_sizes"] != second["step_sizes"]  # two momenta, two runs
+    thor_ms = result["runs"][3]["median_step_ms"]
+    assert result["goals"]["step_cost_vs_thor"]["lenet"] == pytest.approx(first["median_step_ms"] / thor_ms)
+    assert result["settings"]["adaptive_momentum"] == [0.9, 0.5]
+
+
 def test_bench_thor_adaptive_help_and_bad_options():
     run = subprocess.run([sys.executable, SCRIPT, "--help"], capture_output=True, text=True, timeout=120)
     assert run.returncode == 0
@@ -60,6 +79,8 @@ def test_bench_thor_adaptive_help_and_bad_options():
         assert text in run.stdout
     for bad, option in ((["--adaptive", "lr,lr"], "--adaptive"), (["--tasks", "vgg"], "--tasks"),
                         (["--adaptive-momentum", "1.0"], "--adaptive-momentum"), (["--seeds", "0"], "--seeds"),
+                        (["--adaptive-momentum", "0.9,0.9"], "--adaptive-momentum"),
+                        (["--adaptive-momentum", "0.9,1.5"], "--adaptive-momentum"),
                         (["--adaptive", "damping", "--adaptive-momentum", "adaptive"], "--adaptive-momentum")):
         refused = subprocess.run([sys.executable, SCRIPT, *bad], capture_output=True, text=True, timeout=120)
         assert refused.returncode == 2 and option in refused.stderr
