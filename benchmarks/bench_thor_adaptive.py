@@ -75,6 +75,7 @@ import argparse
 import math
 import os
 import sys
+import textwrap
 import time
 from typing import Dict, List, Optional, Sequence
 
@@ -257,7 +258,9 @@ def plot(path: str, runs: List[Dict], tasks: Sequence[str], title: str) -> None:
     colours = {"adaptive": "#C44E52", "recipe": "#8172B2", "thor": "#DD8452", "momentum": "#4C72B0",
                "lamb": "#55A868"}
     runs = average_seeds(runs)
-    fig, axes = plt.subplots(1, len(tasks), figsize=(5.0 * len(tasks), 4.0), squeeze=False)
+    adaptive_runs = max(sum(r["kind"] == "adaptive" for r in runs if r["task"] == name) for name in tasks)
+    below = adaptive_runs > 2  # several momenta: the legend goes under the axes, off the curves
+    fig, axes = plt.subplots(1, len(tasks), figsize=(5.0 * len(tasks), 5.6 if below else 4.0), squeeze=False)
     for ax, name in zip(axes[0], tasks):
         mine = [r for r in runs if r["task"] == name]
         for kind, colour in colours.items():
@@ -284,8 +287,11 @@ def plot(path: str, runs: List[Dict], tasks: Sequence[str], title: str) -> None:
         ax.set_xlabel("training seconds (compilation excluded)")
         ax.set_ylabel(TASKS[name])
         ax.set_ylim(0.0, 1.02)
-        ax.legend(fontsize=7, loc="lower right")
-    fig.suptitle(title, fontsize=9)
+        if below:
+            ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.16), ncol=2)
+        else:
+            ax.legend(fontsize=7, loc="lower right")
+    fig.suptitle(textwrap.fill(title, 60 * len(tasks)), fontsize=9)
     save_figure(fig, path)
 
 
