@@ -266,22 +266,28 @@ def plot(path: str, runs: List[Dict], tasks: Sequence[str], title: str) -> None:
         for kind, colour in colours.items():
             group = [r for r in mine if r["kind"] == kind]
             run, nans = best_run(group), sum(r["nan"] for r in group)
-            if group and run is None:  # every run of the kind went NaN: say so in the legend
+            several = kind == "adaptive" and len(group) > 1  # one run per momentum of --adaptive-momentum
+            if group and run is None and not several:  # every run of the kind went NaN: say so in the legend
                 ax.plot([], [], marker="x", color=colour, linestyle="none",
                         label=f"{kind}: NaN at step {group[0]['nan_step']}" if len(group) == 1
                         else f"{kind}: {nans}/{len(group)} NaN")
-            # adaptive: every momentum of --adaptive-momentum (the first bold); a grid: its best run
-            shown = [r for r in group if not r["nan"]] if kind == "adaptive" else [run] if run else []
-            for index, run in enumerate(r for r in shown if r["curve"]):
-                setting = "" if kind in ("adaptive", "recipe") else f" lr {run['lr']:g}"
-                setting += f" d {run['damping']:g}" if kind == "thor" else ""
-                setting += f" momentum {run['momentum']}" if kind == "adaptive" and len(group) > 1 else ""
-                label = f"{kind}{setting}: {run['final']:.3f}" + (f" ({nans}/{len(group)} NaN)"
-                                                                  if nans and kind != "adaptive" else "")
-                bold = kind == "adaptive" and index == 0
-                ax.plot([c[1] for c in run["curve"]], [c[2] for c in run["curve"]], marker="." if bold or
-                        kind != "adaptive" else None, color=colour, alpha=1.0 if index == 0 else 0.45,
-                        linewidth=2.2 if bold else 1.2, label=label)
+            # adaptive: every momentum (the first bold, a NaN one in the legend); a grid: its best run
+            for index, shown in enumerate(group if several else [run] if run else []):
+                setting = "" if kind in ("adaptive", "recipe") else f" lr {shown['lr']:g}"
+                setting += f" d {shown['damping']:g}" if kind == "thor" else ""
+                setting += f" momentum {shown['momentum']}" if several else ""
+                if several and shown["nan"]:
+                    ax.plot([], [], marker="x", color=colour, linestyle="none",
+                            label=f"{kind}{setting}: NaN at step {shown['nan_step']}")
+                    continue
+                if not shown["curve"]:
+                    continue
+                label = f"{kind}{setting}: {shown['final']:.3f}" + (f" ({nans}/{len(group)} NaN)"
+                                                                  if nans and not several else "")
+                bold = index == 0
+                ax.plot([c[1] for c in shown["curve"]], [c[2] for c in shown["curve"]], marker="." if bold else None,
+                        color=colour, alpha=1.0 if bold else 0.45, linewidth=2.2 if bold and kind == "adaptive"
+                        else 1.2, label=label)
         ax.axhline(TARGETS[name], linestyle="--", linewidth=1, color="grey")
         ax.set_title(f"{name}: held-out {TASKS[name]} (target {TARGETS[name]:g} dashed)", fontsize=9)
         ax.set_xlabel("training seconds (compilation excluded)")

@@ -60,3 +60,23 @@ def test_runs_saved_without_a_momentum_still_summarise():
     summary = summarise(runs, ["lenet"])
     assert [r["kind"] for r in summary["table"]] == ["adaptive", "thor", "momentum"]
     assert summary["table"][0]["finals"] == pytest.approx([0.90, 0.92]) and summary["table"][0]["momentum"] is None
+
+
+def test_plot_draws_every_momentum_and_names_a_nan_one(monkeypatch, tmp_path):
+    """The plot shows each adaptive momentum (the first bold) and lists one that went NaN in the legend."""
+    import benchmarks.bench_thor_adaptive as bench
+
+    runs = _runs()
+    runs[1].update(nan=True, nan_step=7, final=float("nan"), curve=[])  # seed 1, momentum 0.8
+    drawn = {}
+
+    def keep(fig, path):
+        drawn["labels"] = [t.get_text() for t in fig.axes[0].get_legend().get_texts()]
+        drawn["widths"] = [line.get_linewidth() for line in fig.axes[0].get_lines()
+                           if len(line.get_xdata()) and not line.get_label().startswith("_")]
+
+    monkeypatch.setattr(bench, "save_figure", keep)
+    bench.plot(str(tmp_path / "p.png"), runs, ["lenet"], "title")
+    assert drawn["labels"] == ["adaptive momentum 0.9: 0.910", "adaptive momentum 0.8: NaN at step 7",
+                               "thor lr 0.03 d 0.1: 0.940 (1/2 NaN)", "momentum lr 0.03: 0.810"]
+    assert drawn["widths"][0] == 2.2 and drawn["widths"][1:] == [1.2, 1.2]
