@@ -70,8 +70,9 @@ def summarise(runs: List[Dict], tasks: Sequence[str]) -> Dict:
             group = [r for r in mine if r["kind"] == kind]
             if not group:
                 continue
-            for best in group if kind == "adaptive" else [best_run(group) or group[0]]:
-                members = [best] if kind == "adaptive" else group  # the runs the row stands for
+            # (the row's run, the runs it stands for): adaptive THOR per momentum, a grid as its best setting
+            rows = [(r, [r]) for r in group] if kind == "adaptive" else [(best_run(group) or group[0], group)]
+            for best, members in rows:
                 table.append({**{k: best.get(k) for k in ("task", "kind", "lr", "damping", "momentum", "final",
                                                           "final_loss", "seconds_to_target", "train_seconds",
                                                           "nan", "median_step_ms")},

@@ -91,6 +91,8 @@ from benchmarks._adaptive_tasks import TARGETS, TASKS, build_task, recipe_optimi
 from benchmarks._common import RESULTS_DIR, float_list, save_figure, write_json  # noqa: E402
 
 ADAPTIVE = ("damping", "lr")
+#: the momentum of every THOR grid and Momentum run (and adaptive THOR's default)
+MOMENTUM = 0.9
 
 
 def _adaptive(text: str) -> List[str]:
@@ -129,7 +131,7 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
         "'lr' (learning_rate='adaptive' with a constant damping)")
     add("--adaptive-lr", type=float, default=0.1,
         help="adaptive THOR's constant lr without 'lr' (default 0.1)")
-    add("--adaptive-momentum", type=_momenta, default=[0.9],
+    add("--adaptive-momentum", type=_momenta, default=[MOMENTUM],
         help="adaptive THOR's momentum: a float in [0, 1) or 'adaptive' (the 2x2 solve; needs 'lr' in "
         "--adaptive), or a comma list of them: one adaptive run each, the goals judge the first (default 0.9)")
     add("--adaptive-damping", type=float, default=0.01,
@@ -196,9 +198,9 @@ def _optimizer(kind: str, lr, damping, momentum, task, net_with_loss, args):
     return (mnn.Momentum(params, lr, momentum) if kind == "momentum" else ms_nn.Lamb(params, lr)), 1.0
 
 
-def train_once(task: Dict, kind: str, lr, damping, args, momentum=None) -> Dict:
-    """One run from the task's initial weights over its batches; the curve, times, NaN flag, final figure.
-    ``momentum``: the adaptive run's (default the first of ``--adaptive-momentum``); the others use 0.9."""
+def train_once(task: Dict, kind: str, lr, damping, momentum, args) -> Dict:
+    """One run from the task's initial weights over its batches; the curve, times, NaN flag, final figure
+    (``momentum``: the run's, None for the recipe and Lamb, which set their own)."""
     import statistics
 
     import mindspore as ms
@@ -208,10 +210,6 @@ def train_once(task: Dict, kind: str, lr, damping, args, momentum=None) -> Dict:
 
     ms.set_seed(args.seed)
     net, net_with_loss = task["build"]()
-    if kind == "adaptive":
-        momentum = args.adaptive_momentum[0] if momentum is None else momentum
-    else:
-        momentum = 0.9 if kind in ("thor", "momentum") else None
     opt, scale = _optimizer(kind, lr, damping, momentum, task, net_with_loss, args)
     cell = ms_nn.TrainOneStepCell(net_with_loss, opt, sens=scale).set_train()
     target = TARGETS[task["name"]]
@@ -249,6 +247,11 @@ def train_once(task: Dict, kind: str, lr, damping, args, momentum=None) -> Dict:
             "step_sizes": step_sizes}
 
 
+def _nan_entry(ax, colour: str, label: str) -> None:
+    """A legend entry (a cross, no curve) for runs that went NaN."""
+    ax.plot([], [], marker="x", color=colour, linestyle="none", label=label)
+
+
 def plot(path: str, runs: List[Dict], tasks: Sequence[str], title: str) -> None:
     import matplotlib
 
@@ -268,17 +271,15 @@ def plot(path: str, runs: List[Dict], tasks: Sequence[str], title: str) -> None:
             run, nans = best_run(group), sum(r["nan"] for r in group)
             several = kind == "adaptive" and len(group) > 1  # one run per momentum of --adaptive-momentum
             if group and run is None and not several:  # every run of the kind went NaN: say so in the legend
-                ax.plot([], [], marker="x", color=colour, linestyle="none",
-                        label=f"{kind}: NaN at step {group[0]['nan_step']}" if len(group) == 1
-                        else f"{kind}: {nans}/{len(group)} NaN")
+                _nan_entry(ax, colour, f"{kind}: NaN at step {group[0]['nan_step']}" if len(group) == 1
+                           else f"{kind}: {nans}/{len(group)} NaN")
             # adaptive: every momentum (the first bold, a NaN one in the legend); a grid: its best run
             for index, shown in enumerate(group if several else [run] if run else []):
                 setting = "" if kind in ("adaptive", "recipe") else f" lr {shown['lr']:g}"
                 setting += f" d {shown['damping']:g}" if kind == "thor" else ""
                 setting += f" momentum {shown['momentum']}" if several else ""
                 if several and shown["nan"]:
-                    ax.plot([], [], marker="x", color=colour, linestyle="none",
-                            label=f"{kind}{setting}: NaN at step {shown['nan_step']}")
+                    _nan_entry(ax, colour, f"{kind}{setting}: NaN at step {shown['nan_step']}")
                     continue
                 if not shown["curve"]:
                     continue
@@ -302,7 +303,7 @@ def plot(path: str, runs: List[Dict], tasks: Sequence[str], title: str) -> None:
 
 
 def _title(settings: Dict) -> str:
-    momenta = settings.get("adaptive_momentum", 0.9)
+    momenta = settings.get("adaptive_momentum", MOMENTUM)
     momenta = ", ".join(str(m) for m in momenta) if isinstance(momenta, list) else momenta
     return (f"adaptive THOR ({','.join(settings['adaptive'])}, momentum {momenta}) against the best run of each grid "
             f"(lrs {settings['lrs']}, dampings {settings['dampings']}); frequency {settings['frequency']}"
@@ -334,11 +335,12 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         adaptive = ("adaptive" if "lr" in args.adaptive else args.adaptive_lr,
                     "adaptive" if "damping" in args.adaptive else args.adaptive_damping)
         plan = [("adaptive", *adaptive, mu) for mu in args.adaptive_momentum] + [("recipe", None, None, None)]
-        plan += [("thor", lr, d, None) for lr in args.lrs for d in args.dampings]
-        plan += [(kind, lr, None, None) for kind in task["baselines"] for lr in args.lrs]
+        plan += [("thor", lr, d, MOMENTUM) for lr in args.lrs for d in args.dampings]
+        plan += [(kind, lr, None, MOMENTUM if kind == "momentum" else None) for kind in task["baselines"]
+                 for lr in args.lrs]
         for kind, lr, damping, momentum in plan:
             try:
-                run = dict(train_once(task, kind, lr, damping, seeded, momentum), seed=seed)
+                run = dict(train_once(task, kind, lr, damping, momentum, seeded), seed=seed)
             except (TypeError, ValueError) as exc:
                 if kind == "adaptive":
                     refused = f"this ms_optim's thor refuses --adaptive {','.join(args.adaptive)}: {exc}"
