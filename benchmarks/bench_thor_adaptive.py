@@ -151,6 +151,9 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
         "the table and the goals average each setting over them (default 1)")
     add("--quick", action="store_true", help="smoke run: one grid point, a few steps per run, tiny nets")
     add("--replot", action="store_true", help="train nothing: redraw the PNG from the JSON at --out")
+    add("--cost", action="store_true", help="measure what adaptive THOR's step costs beside THOR's instead "
+        "(benchmarks/_adaptive_cost.py: step times, the forward pass's share, kernels per step)")
+    add("--cost-steps", type=int, default=40, help="steps timed per cell with --cost (default 40)")
     add("--out", default=None, help="output path without extension (default benchmarks/results/"
         "bench_thor_adaptive[_quick])")
     args = parser.parse_args(argv)
@@ -170,8 +173,11 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
         args.lrs, args.dampings = args.lrs[-1:], args.dampings[:1]
         args.lenet_epochs = args.resnet_epochs = args.bert_epochs = 1
         args.resnet_width, args.resnet_images, args.eval_every, args.frequency = 4, 64, 2, 2
+    if args.cost:
+        args.bert_epochs = min(args.bert_epochs, 10)  # the timed steps cycle through the batches
     if args.out is None:
-        args.out = os.path.join(RESULTS_DIR, "bench_thor_adaptive" + ("_quick" if args.quick else ""))
+        args.out = os.path.join(RESULTS_DIR, "bench_thor_adaptive" + ("_cost" if args.cost else "")
+                                + ("_quick" if args.quick else ""))
     return args
 
 
@@ -214,7 +220,8 @@ def train_once(task: Dict, kind: str, lr, damping, momentum, args) -> Dict:
     cell = ms_nn.TrainOneStepCell(net_with_loss, opt, sens=scale).set_train()
     target = TARGETS[task["name"]]
     steps, losses, curve, nan_step, reached = [], [], [], None, None
-    quadratic_step = getattr(opt, "quadratic_step", None)  # learning_rate="adaptive": record its step sizes
+    # learning_rate="adaptive": record its step sizes
+    quadratic_step = opt.step_rule if getattr(opt, "config", None) and opt.config.lr_mode == "adaptive" else None
     step_sizes = []
     wall = time.perf_counter()
     for step, batch in enumerate(task["batches"]):
@@ -327,6 +334,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
     ms.set_context(mode=ms.GRAPH_MODE, device_target="CPU")
     prime_numpy_bridge()
+    if args.cost:
+        from benchmarks._adaptive_cost import cost_main
+
+        return cost_main(args, build_task)
     runs: List[Dict] = []
     wall = time.perf_counter()
     for name, seed in [(name, args.seed + i) for name in args.tasks for i in range(args.seeds)]:

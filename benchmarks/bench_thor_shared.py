@@ -5,7 +5,7 @@ Each worker builds model_zoo/resnet's ResNet-18 (10 classes, ImageNet stem, ``--
 the first stage, ``--image`` x ``--image`` inputs, ``--batch`` samples per rank) twice from the same
 weights: one THOR optimizer with ``distribute_inverses=False`` (every rank inverts every layer) and
 one with ``distribute_inverses=True`` (each layer inverted by one rank, the inverses shared by a
-summing AllReduce; ``ms_optim._thor.sharing``), both with ``inverse="full"`` (whole-matrix inverses,
+summing AllReduce; ``ms_optim._thor.inversion.owners``), both with ``inverse="full"`` (whole-matrix inverses,
 so inversion dominates the THOR step). Every round times, in a rotated order, one training step of:
 
 * ``unshared_thor`` / ``shared_thor``: a THOR step (factors collected, all-reduced, inverted, shared);

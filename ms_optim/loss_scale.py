@@ -1,4 +1,5 @@
-"""A loss-scaled training step that runs on every backend, with MindSpore's signature.
+"""The training cells: a loss-scaled training step that runs on every backend, with MindSpore's signature,
+and the plain step with the extra forward pass adaptive THOR needs.
 
 MindSpore 2.10's ``nn.TrainOneStepWithLossScaleCell`` detects overflow with a status op that has no
 CPU kernel (``NPUGetFloatStatusV2``), so on CPU it fails at the first step. This cell is a drop-in
@@ -22,9 +23,10 @@ manager's updates drove to 0 or to a non-finite value stops the run before the s
 
 For ``thor(..., learning_rate="adaptive")`` (the loss at the trial point) and
 ``thor(..., damping="adaptive")`` (the damping rule's) it runs the extra forward pass after the optimizer
-(``ms_optim._thor.probe``; not on an overflowing step). For an ms_optim THOR optimizer it also feeds the scale
-this step's backward pass used (read before the manager updates it) into the optimizer (``feed_loss_scale``),
-because the THOR layers' G factors carry that scale squared.
+(:class:`LossProbe`; not on an overflowing step), as this module's plain :class:`TrainOneStepCell` does. For
+an ms_optim THOR optimizer it also feeds the scale this step's backward pass used (read before the manager
+updates it) into the optimizer (``feed_loss_scale``), because the THOR layers' G factors carry that scale
+squared.
 
 ``from ms_optim import nn`` gives this class as ``nn.TrainOneStepWithLossScaleCell``; ``ModelThor``
 uses it for ``DynamicLossScaleManager`` and ``FixedLossScaleManager(drop_overflow_update=True)``.
@@ -50,9 +52,10 @@ from mindspore.amp import DynamicLossScaleManager
 from mindspore.train import amp as _ms_amp
 
 from ms_optim._loss_scale_checks import check_loss_scale_at_step, check_loss_scale_manager, check_scale_sense
-from ms_optim._thor.probe import LossAndGrads, TrainOneStepCell, loss_probe_for, needs_probe
+from ms_optim._thor.step.optimizer import ThorOptimizer
 
-__all__ = ["TrainOneStepWithLossScaleCell", "build_train_network"]
+__all__ = ["TrainOneStepCell", "TrainOneStepWithLossScaleCell", "LossAndGrads", "LossProbe", "loss_probe_for",
+           "build_train_network"]
 
 # MindSpore's function, taken when this module is first imported (before use() can replace it).
 _MINDSPORE_BUILD_TRAIN_NETWORK = _ms_amp.build_train_network
@@ -73,6 +76,155 @@ _unscale = ops.MultitypeFuncGraph("_unscale")
 def _tensor_unscale(inverse_scale, grad):
     """grad / scale, in the gradient's dtype."""
     return grad * ops.cast(inverse_scale, ops.dtype(grad))
+
+
+def _measures_loss(optimizer) -> bool:
+    """Whether ``optimizer`` is a THOR whose steps need the loss after them on their batch (``learning_rate``
+    or ``damping`` "adaptive")."""
+    return isinstance(optimizer, ThorOptimizer) and optimizer.measures_loss
+
+
+class _ParsedMode(nn.Cell):
+    """``in_graph``, read when the graph is parsed: a property of a base class, which MindSpore's parser
+    evaluates in Python and puts in the graph as a constant."""
+
+    @property
+    def in_graph(self) -> bool:
+        """Whether the cell runs compiled (GRAPH_MODE)."""
+        return context.get_context("mode") != context.PYNATIVE_MODE
+
+
+class LossProbe(_ParsedMode):
+    """The extra forward pass after a THOR optimizer that measures its steps: on the steps the optimizer's
+    ``probe_due`` names, the loss on the step's inputs at the parameters the optimizer left, handed with the
+    step's loss to its ``finish_step``.
+
+    Args:
+        network (Cell): the network with its loss (the training cell's ``network``).
+        optimizer (ThorOptimizer): the optimizer (``measures_loss``).
+
+    Inputs: ``(loss, *inputs)``, the step's loss (ordered after the optimizer) and inputs. Output: ``loss``,
+    ordered after the finish.
+
+    In GRAPH_MODE the probe's forward is the value of ``ops.value_and_grad``, whose gradients nothing reads
+    (so only its forward pass runs): a plain call of the network next to the step's gradient makes MindSpore
+    2.10 fail to compile some networks ("Illegal AnfNode for evaluating", e.g. a masked-LM gather at
+    ``arange(batch)
+    * seq`` offsets).
+    """
+
+    def __init__(self, network: nn.Cell, optimizer):
+        super().__init__(auto_prefix=False)  # the network's and optimizer's parameter names stay as they are
+        self.network = network
+        self.optimizer = optimizer
+        self.weights = optimizer.parameters
+
+    def probe_loss(self, *inputs):
+        """The network's loss on ``inputs`` (a forward pass in training mode)."""
+        if self.in_graph:
+            return ops.value_and_grad(self.network, None, self.weights)(*inputs)[0]
+        return self.network(*inputs)
+
+    def construct(self, loss, *inputs):
+        if self.optimizer.probe_due(ops.depend(self.optimizer.global_step, loss)):
+            first = ops.depend(inputs[0], loss)  # the forward reads the parameters the optimizer left
+            after = self.probe_loss(first, *inputs[1:])
+            loss = ops.depend(loss, self.optimizer.finish_step(loss, after))
+        return loss
+
+
+def loss_probe_for(network: nn.Cell, optimizer) -> "LossProbe | None":
+    """A :class:`LossProbe` when ``optimizer`` measures its steps (marking it ``probed``: its step then
+    compiles), else None."""
+    if not _measures_loss(optimizer):
+        return None
+    optimizer.probed = True
+    return LossProbe(network, optimizer)
+
+
+class _ScaledLoss(nn.Cell):
+    """``(loss * scale, loss)`` from one forward pass of ``network``."""
+
+    def __init__(self, network: nn.Cell):
+        super().__init__(auto_prefix=False)  # the network's parameter names stay as they are
+        self.network = network
+
+    def construct(self, inputs, scale):
+        loss = self.network(*inputs)
+        return loss * ops.cast(scale, ops.dtype(loss)), loss
+
+
+class LossAndGrads(nn.Cell):
+    """The step's loss and the gradients of ``weights`` from ONE forward pass, for the training cells that run
+    :class:`LossProbe`.
+
+    MindSpore's cells call ``loss = network(*inputs)`` and then differentiate ``network`` again; in GRAPH_MODE
+    MindSpore reuses the first call's forward inside the gradient's only while the network is called nowhere
+    else in the step, and the probe is another call. Here the loss is the gradient's own forward output, so a
+    step runs the forward twice (this one and the probe's), not three times.
+
+    Args:
+        network (Cell): the network with its loss.
+        weights (ParameterTuple): the parameters to differentiate.
+
+    Inputs: ``(scale, *inputs)``: the scale the loss's gradient is seeded with (a float32 Tensor) and the
+    network's inputs. Outputs: ``(loss, grads)``.
+    """
+
+    def __init__(self, network: nn.Cell, weights):
+        super().__init__(auto_prefix=False)
+        self.scaled = _ScaledLoss(network)
+        self.weights = weights
+
+    def construct(self, scale, *inputs):
+        (_, loss), grads = ops.value_and_grad(self.scaled, None, self.weights, has_aux=True)(inputs, scale)
+        return loss, grads
+
+
+class TrainOneStepCell(nn.TrainOneStepCell):
+    """``mindspore.nn.TrainOneStepCell`` that also runs the extra forward pass a THOR optimizer with
+    ``learning_rate`` or ``damping`` "adaptive" needs (:class:`LossProbe`); for every other optimizer it is
+    MindSpore's cell, step for step.
+
+    Args:
+        network (Cell): the network with its loss.
+        optimizer (Union[Cell]): the optimizer.
+        sens (numbers.Number): the loss scale the backward pass is seeded with. Default: ``None`` (1.0).
+        return_grad (bool): also return the gradients. Default: ``False``.
+
+    Outputs: the loss (and the gradients with ``return_grad``), as MindSpore's cell.
+
+    Examples:
+        >>> import mindspore as ms
+        >>> import ms_optim
+        >>> from ms_optim import nn
+        >>> net = nn.SequentialCell([nn.Dense(4, 3)])
+        >>> opt = ms_optim.thor(net, ms.Tensor(0.1), "adaptive", 0.9)
+        >>> step = nn.TrainOneStepCell(nn.WithLossCell(net, nn.MSELoss()), opt)
+    """
+
+    def __init__(self, network, optimizer, sens=None, return_grad=False):
+        super().__init__(network, optimizer, sens, return_grad)
+        self.loss_probe = loss_probe_for(network, optimizer)
+        if self.loss_probe is not None:  # the loss from the gradient's own forward (LossAndGrads)
+            self.loss_and_grads = LossAndGrads(network, self.weights)
+            self.sens_tensor = Tensor(float(self.sens), mstype.float32)
+
+    def construct(self, *inputs):
+        if self.loss_probe is None:
+            return super().construct(*inputs)
+        loss, grads = self.loss_and_grads(self.sens_tensor, *inputs)
+        grads = self.grad_reducer(grads)
+        if self.use_graceful_exit:
+            grads = self.graceful_exit.exit_by_request(grads, self.init_param, self.exit_param)
+        loss = ops.depend(loss, self.optimizer(grads))
+        loss = self.loss_probe(loss, *inputs)
+        if self.return_grad:
+            grad_with_param_name = {}
+            for index, value in enumerate(grads):
+                grad_with_param_name[self.weights_name[index]] = value
+            return loss, grad_with_param_name
+        return loss
 
 
 class TrainOneStepWithLossScaleCell(nn.TrainOneStepWithLossScaleCell):
@@ -121,9 +273,9 @@ class TrainOneStepWithLossScaleCell(nn.TrainOneStepWithLossScaleCell):
             self.degree = 1
         self.overflow_status = Tensor(np.zeros(8, np.int32))  # start_overflow_check's placeholder, made once
         self.feeds_loss_scale = callable(getattr(optimizer, "feed_loss_scale", None))
-        # thor(..., learning_rate or damping="adaptive"): the extra forward pass (ms_optim._thor.probe)
+        # thor(..., learning_rate or damping="adaptive"): the extra forward pass (LossProbe)
         self.loss_probe = loss_probe_for(network, optimizer)
-        # with the probe: the loss from the gradient's own forward (ms_optim._thor.probe.LossAndGrads)
+        # with the probe: the loss from the gradient's own forward (LossAndGrads)
         self.loss_and_grads = None if self.loss_probe is None else LossAndGrads(network, self.weights)
 
     def set_sense_scale(self, sens):
@@ -226,6 +378,6 @@ def _with_probe(built, optimizer):
     """``built``, or for an adaptive THOR (``learning_rate`` or ``damping`` "adaptive") built as MindSpore's
     plain ``nn.TrainOneStepCell``: ms_optim's ``TrainOneStepCell`` on the same network and sens, which runs
     the extra forward pass that optimizer needs (MindSpore's cell would be refused when the step compiles)."""
-    if type(built) is not nn.TrainOneStepCell or not needs_probe(optimizer):  # pylint: disable=unidiomatic-typecheck
+    if type(built) is not nn.TrainOneStepCell or not _measures_loss(optimizer):  # pylint: disable=unidiomatic-typecheck
         return built
     return TrainOneStepCell(built.network, optimizer, sens=built.sens).set_train()

@@ -11,11 +11,11 @@ from __future__ import annotations
 import numpy as np
 from mindspore import Parameter, Tensor, nn
 
-from ms_optim._thor.adaptive_lr import AdaptiveLrThorOptimizer
-from ms_optim._thor.config import ThorConfig, validate_thor
-from ms_optim._thor.convert import convert_net
-from ms_optim._thor.optimizer import ThorOptimizer
-from ms_optim._thor.taps import ScheduleGuard, TapSettings
+from ms_optim._thor.config import ThorConfig
+from ms_optim._thor.net.convert import convert_net
+from ms_optim._thor.net.taps import ScheduleGuard, TapSettings
+from ms_optim._thor.step.optimizer import ThorOptimizer
+from ms_optim._thor.validate import validate_thor
 
 __all__ = ["thor", "build_thor"]
 
@@ -32,8 +32,7 @@ def build_thor(net: nn.Cell, config: ThorConfig) -> ThorOptimizer:
                           limits) if limits else None
     settings = TapSettings(config.factor_convention, config.batch_size, config.factor_block_size, guard)
     layers = convert_net(net, settings)  # thor_candidates' layers: the rule the validation counted with
-    # learning_rate="adaptive": the update of ms_optim._thor.adaptive_lr, chosen here once
-    optimizer = (AdaptiveLrThorOptimizer if config.adaptive_lr else ThorOptimizer)(net, layers, config)
+    optimizer = ThorOptimizer(net, layers, config)
     if guard is not None:
         guard.step = optimizer.global_step
     return optimizer
@@ -49,7 +48,7 @@ def thor(net, learning_rate, damping, momentum, weight_decay=0.0, loss_scale=1.0
     Validates every argument first (a refused call leaves ``net`` untouched), then converts ``net``
     in place (``nn.Dense``/``nn.Conv2d``/``nn.Embedding`` -> their THOR versions, which collect the
     factors A and G), then returns the optimizer Cell (:class:`ThorOptimizer`). The update rule is in
-    ``ms_optim._thor.optimizer``'s docstring: on steps ``0, f, 2f, ...`` the damped inverses
+    ``ms_optim._thor.step.optimizer``'s docstring: on steps ``0, f, 2f, ...`` the damped inverses
     ``(A + sqrt(damping[t]) I)^-1`` and ``(G + sqrt(damping[t]) I)^-1`` are recomputed; every step the
     weight gradients become ``G^-1 dW A^-1``, then weight decay, optional per-tensor clipping to
     norm 1 and momentum (``accum = m * accum + g; w -= lr[t] * accum``) follow.
@@ -67,15 +66,15 @@ def thor(net, learning_rate, damping, momentum, weight_decay=0.0, loss_scale=1.0
             minimising the model (a 2x2 solve, the 1-D step ``(-b0 / M00, 0)`` when that system is singular
             or not finite); no step when the model gives no finite step or the trial raised the loss;
             ``kl_clip`` is the trust region ``w^T M w <= kl_clip`` and ``use_nesterov`` must be False. Works
-            with a damping Tensor and with ``damping="adaptive"`` (``ms_optim._thor.adaptive_lr`` has the
-            formulas). Train with ``ms_optim.nn.TrainOneStepCell``,
+            with a damping Tensor and with ``damping="adaptive"`` (``ms_optim._thor.step.quadratic_rule`` has
+            the formulas). Train with ``ms_optim.nn.TrainOneStepCell``,
             ``ms_optim.nn.TrainOneStepWithLossScaleCell`` or ``ModelThor``, which run that pass.
         damping (Union[Tensor, str]): per-step damping (1-D) or one 0-D value; ``sqrt(damping)`` is added to
             the factors' diagonals. Or ``"adaptive"``: no schedule; the damping starts from a heuristic on
             the first step's factors and follows a Levenberg-Marquardt rule on the reduction ratio (the loss
             change of a step over the change THOR's quadratic model predicted), measured every
             ``adapt_every`` steps with an extra forward pass of the training cell; the inverses are
-            recomputed when it changes (``ms_optim._thor.adaptive`` has the formulas). Train with
+            recomputed when it changes (``ms_optim._thor.step.damping`` has the formulas). Train with
             ``ms_optim.nn.TrainOneStepCell``, ``ms_optim.nn.TrainOneStepWithLossScaleCell`` or ``ModelThor``,
             which run that pass.
         momentum (Union[float, str]): momentum, at least 0.0; below 1.0 with ``learning_rate="adaptive"``,
@@ -108,9 +107,9 @@ def thor(net, learning_rate, damping, momentum, weight_decay=0.0, loss_scale=1.0
             gradients of ALL trainable parameters (``v = g`` for parameters THOR does not precondition),
             taken after preconditioning and before weight decay, clipping and momentum, every ``v`` is
             multiplied by ``nu = min(1, sqrt(c / (lr[t]^2 * |sum v . g|)))`` (``nu = 1`` when that
-            denominator is 0 or not finite): kfac-pytorch's KL clipping (``ms_optim._thor.kl_clip``).
+            denominator is 0 or not finite): kfac-pytorch's KL clipping (``ms_optim._thor.step.kl_clip``).
         factor_convention (str, keyword-only): how A, G and the damping are normalised
-            (``ms_optim._thor.conventions`` has the exact formulas and what differs from MindSpore);
+            (``ms_optim._thor.net.conventions`` has the exact formulas and what differs from MindSpore);
             ``A_e``/``G_e`` are the factors the rule above inverts with ``sqrt(damping)``. With N rows
             (Dense/Embedding), ``in`` input features, ``counts`` the id counts, B the batch, T = Ho*Wo,
             ``n = B*T``, ``bs = batch_size``, conv patches p and output gradients d (``pm``/``dm`` their
@@ -127,7 +126,7 @@ def thor(net, learning_rate, damping, momentum, weight_decay=0.0, loss_scale=1.0
               sum d d^T`` (MindSpore's damping ``sqrt(d bs / n)`` and product factor ``bs / n``,
               folded in); Embedding as gpu.
             * ``"auto"`` (default): ``"gpu"`` if MindSpore's ``device_target`` is GPU, ``"ascend"`` if
-              Ascend, ``"kfc"`` on CPU (why: ``ms_optim._thor.conventions``).
+              Ascend, ``"kfc"`` on CPU (why: ``ms_optim._thor.net.conventions``).
 
             LayerNorm and everything else do not depend on it. The resolved value is the optimizer's
             ``factor_convention``.
@@ -135,17 +134,18 @@ def thor(net, learning_rate, damping, momentum, weight_decay=0.0, loss_scale=1.0
             inversion is done by one rank only (owners balanced by the cost ``sum w^3`` over the A and G
             blocks of width ``w``, greedy longest-processing-time, the same on every rank) and the inverses
             are shared by a summing AllReduce of zero-padded contributions, fused in the ``split_indices``
-            groups: the same numbers, 1/R of the inversion work per rank (KAISA; ``ms_optim._thor.sharing``).
-            Changes nothing on one device. Refused (ValueError) with a ``factor_convention`` that resolves to
-            ``"gpu"`` or ``"ascend"``: those average each rank's own inverses, as MindSpore does
-            (``ms_optim._thor.averaging``), so there is no identical inversion to share. Default: False.
+            groups: the same numbers, 1/R of the inversion work per rank (KAISA;
+            ``ms_optim._thor.inversion.owners``). Changes nothing on one device. Refused (ValueError) with a
+            ``factor_convention`` that resolves to ``"gpu"`` or ``"ascend"``: those average each rank's own
+            inverses, as MindSpore does (``ms_optim._thor.inversion.averaged``), so there is no identical
+            inversion to share. Default: False.
         trace_thresholds (keyword-only): None (default: every layer re-inverted on every THOR step,
             MindSpore's THOR exactly), a number ``omega`` or a pair ``(omega_1, omega_2)``,
             ``omega_1 >= omega_2 >= 0``: THOR's trace rule; on a THOR step layer i is re-inverted only if the
             relative change ``Delta_i = |T_i - T_i^last| / T_i^last`` of ``T_i = tr(A) tr(G)`` since its last
             inversion is ``>= omega_1``, or ``>= omega_2`` once its interval (doubling after each such
-            refresh) has elapsed (``ms_optim._thor.trace``: the rule, its state Parameters and the inversion
-            counters).
+            refresh) has elapsed (``ms_optim._thor.inversion.trace``: the rule, its state Parameters and the
+            inversion counters).
         adapt_every (int, keyword-only): with ``damping="adaptive"``, steps between two damping adaptations
             (at least 1). Default: None (5, Martens & Grosse's and kfac-jax's interval).
         damping_bounds (keyword-only): with ``damping="adaptive"``, ``(low, high)``, ``0 < low <= high``: the

@@ -57,10 +57,9 @@ from mindspore.train.model import Model
 from ms_optim._float16_add import float16_add_via_float32
 from ms_optim._loss_scale_checks import check_loss_scale_manager
 from ms_optim._memory import release_after_compile
-from ms_optim._thor.optimizer import ThorOptimizer
-from ms_optim._thor.probe import TrainOneStepCell
+from ms_optim._thor.step.optimizer import ThorOptimizer
 from ms_optim._validation import check_bool, check_int, check_type, describe
-from ms_optim.loss_scale import TrainOneStepWithLossScaleCell
+from ms_optim.loss_scale import TrainOneStepCell, TrainOneStepWithLossScaleCell
 
 __all__ = ["ModelThor", "ConvertModelUtils"]
 

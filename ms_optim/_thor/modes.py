@@ -2,16 +2,25 @@
 
 Every setting that selects a behaviour is one of the values below; modules compare against these
 names, never against literals of their own. They are plain ``str``/``int`` class attributes, not
-``enum.Enum`` members, because GRAPH_MODE reads them as constants inside compiled code (a treatment
-travels through ``hyper_map`` as an ``int``, a kind as a ``str``).
+``enum.Enum`` members, because GRAPH_MODE reads them as constants inside compiled code (a kind travels
+through the graph as a ``str``).
 """
 from __future__ import annotations
 
-__all__ = ["Convention", "Inverse", "Kind", "Treatment", "GRule", "Strategy"]
+__all__ = ["Mode", "Convention", "Inverse", "Kind", "GRule", "Strategy"]
+
+
+class Mode:
+    """Where a step's learning rate, damping or momentum comes from: the user's schedule (or number), or a
+    rule of THOR's own that adapts it (``thor(..., learning_rate="adaptive")`` and so on)."""
+
+    SCHEDULED = "scheduled"
+    ADAPTIVE = "adaptive"
 
 
 class Convention:
-    """``thor(..., factor_convention=...)``: how A, G and the damping are normalised (``conventions.py``)."""
+    """``thor(..., factor_convention=...)``: how A, G and the damping are normalised
+    (``net/conventions.py``)."""
 
     AUTO = "auto"
     GPU = "gpu"
@@ -34,7 +43,8 @@ class Inverse:
 
 
 class Kind:
-    """The layer kinds THOR preconditions (``kinds.py`` holds one spec per kind)."""
+    """The layer kinds THOR preconditions (``net/kinds.py`` holds one spec per kind; nothing else compares
+    these names)."""
 
     DENSE = "dense"
     CONV = "conv"
@@ -42,18 +52,9 @@ class Kind:
     EMBEDDING = "embedding"
 
 
-class Treatment:
-    """How the optimizer preconditions one trainable parameter's gradient (``preconditioner.py``)."""
-
-    PLAIN = 0       # unchanged (biases, BatchNorm, ...)
-    MATRIX = 1      # Dense / convolution weight: Ginv g Ainv
-    EMBEDDING = 2   # embedding table: diag(Ainv) g Ginv
-    LAYERNORM = 3   # LayerNorm gamma/beta: g / (g^2 / batch_size + sqrt(damping))
-
-
 class GRule:
-    """How a layer's G "inverse" is formed (``device_rules.py``): the damped inverse, MindSpore GPU's
-    embedding product ``L^-1 L^-1``, or Ascend's identity for a 2-output Dense layer."""
+    """How a layer's G "inverse" is formed (``inversion/device_rules.py``): the damped inverse, MindSpore
+    GPU's embedding product ``L^-1 L^-1``, or Ascend's identity for a 2-output Dense layer."""
 
     INVERSE = "inverse"
     GPU_EMBEDDING = "gpu_embedding"
@@ -61,7 +62,8 @@ class GRule:
 
 
 class Strategy:
-    """How a THOR step refreshes the inverses (``inversion.py``), chosen once when the optimizer is built."""
+    """How a THOR step refreshes the inverses (``inversion/strategy.py``), chosen once when the optimizer is
+    built."""
 
     BATCHED = "batched"        # every layer at once: fused ops per factor (CPU) or batched per block width
     PER_LAYER = "per_layer"    # layer by layer (MindSpore's device rules, the trace rule)

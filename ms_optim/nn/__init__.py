@@ -14,16 +14,16 @@ _EXPORTS = {
     "LARS": "ms_optim.optim.lars",
     "ASGD": "ms_optim.optim.asgd",
     "thor": "ms_optim._thor.factory",
-    "DenseThor": "ms_optim._thor.layers",
-    "Conv2dThor": "ms_optim._thor.layers",
-    "EmbeddingThor": "ms_optim._thor.layers",
+    "DenseThor": "ms_optim._thor.net.layers",
+    "Conv2dThor": "ms_optim._thor.net.layers",
+    "EmbeddingThor": "ms_optim._thor.net.layers",
     # MindSpore's needs an Ascend-only status op on CPU; this one has the same signature and runs anywhere.
     "TrainOneStepWithLossScaleCell": "ms_optim.loss_scale",
 }
 _EXTRAS = {
-    "Conv1dThor": "ms_optim._thor.layers",
+    "Conv1dThor": "ms_optim._thor.net.layers",
     # MindSpore's cell plus the extra forward pass of thor(..., damping="adaptive"); not installed by use()
-    "TrainOneStepCell": "ms_optim._thor.probe",
+    "TrainOneStepCell": "ms_optim.loss_scale",
 }
 
 __all__ = sorted({**_EXPORTS, **_EXTRAS})

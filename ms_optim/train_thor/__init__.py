@@ -3,7 +3,7 @@ from ms_optim._facade import lazy_dir, lazy_getattr
 
 _EXPORTS = {
     "ConvertModelUtils": "ms_optim._thor.model",
-    "ConvertNetUtils": "ms_optim._thor.convert",
+    "ConvertNetUtils": "ms_optim._thor.net.convert",
     "ModelThor": "ms_optim._thor.model",
 }
 

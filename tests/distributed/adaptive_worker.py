@@ -84,9 +84,9 @@ def run(name: str, data: str, rank: int, local: int):
         if damping == "adaptive":  # the reduction ratio of the last adaptation step
             history["__ratios__"].append(float(opt.damping_rule.ratio.asnumpy()))
         if learning_rate == "adaptive":
-            history["__alphas__"].append(float(opt.quadratic_step.step_size.asnumpy()))
-            history["__betas__"].append(float(opt.quadratic_step.momentum_coefficient.asnumpy()))
-            history["__kappas__"].append(float(opt.quadratic_step.calibration.asnumpy()))
+            history["__alphas__"].append(float(opt.step_rule.step_size.asnumpy()))
+            history["__betas__"].append(float(opt.step_rule.momentum_coefficient.asnumpy()))
+            history["__kappas__"].append(float(opt.step_rule.calibration.asnumpy()))
     state = trained_state(net, opt)
     state.update({key: np.array(values) for key, values in history.items()})
     return state

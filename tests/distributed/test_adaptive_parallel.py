@@ -10,7 +10,7 @@ process on the concatenated batch is the same computation, it must give the same
 batches (both halves the same samples) each rank's factors are the concatenated batch's, so the rank mean of
 any function of them is that function of the concatenated batch's factors. On ``"split"`` batches it is not:
 the initial-damping heuristic and the quadratic model take the mean over ranks of products of each rank's own
-A and G, not the product of the means (``ms_optim._thor.adaptive_lr``, "Data parallel"), so only the first
+A and G, not the product of the means (``ms_optim._thor.step.quadratic_rule``, "Data parallel"), so only the first
 step's loss is compared there.
 """
 import os

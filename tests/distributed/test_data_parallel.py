@@ -113,7 +113,7 @@ def test_shared_inverses_equal_unshared_and_concatenated_batch(results, shared):
 
 @pytest.mark.parametrize("shared", sorted(SHARED))
 def test_each_rank_inverts_only_its_share(results, shared):
-    from ms_optim._thor.sharing import assign_inversions
+    from ms_optim._thor.inversion.owners import assign_inversions
 
     ranks = [np.load(results / f"{shared}_rank{r}.npz") for r in range(2)]
     owners = ranks[0]["__owners__"]

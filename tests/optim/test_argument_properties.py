@@ -23,7 +23,7 @@ from mindspore import Parameter, Tensor, nn, ops
 from support.optim_table import BY_NAME
 
 from ms_optim._thor.factory import thor
-from ms_optim._thor.layers import Conv2dThor, DenseThor, EmbeddingThor
+from ms_optim._thor.net.layers import Conv2dThor, DenseThor, EmbeddingThor
 
 NAN, INF = float("nan"), float("inf")
 

@@ -168,7 +168,7 @@ def inverses(convention: str, raw, damping: float, batch_size: int, block_size=1
 
 
 def effective_factors(convention: str, raw, batch_size: int) -> Tuple[Array, Array]:
-    """The factors ms_optim's layers store for ``convention`` (``ms_optim._thor.conventions``'s
+    """The factors ms_optim's layers store for ``convention`` (``ms_optim._thor.net.conventions``'s
     contract): MindSpore's factors as its optimizer damps them (G times bs^2, embedding A over bs),
     times ``k``, where ``k = sqrt(T)`` (gpu conv), ``sqrt(n / bs)`` (ascend conv), else 1 -- so that
     ``(A_e + sqrt(d) I)^-1`` is exactly the inverse above."""

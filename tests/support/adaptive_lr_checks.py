@@ -46,7 +46,7 @@ def check_system(rule, ref, step):
 def check_step(net, opt, ref, step, loss):
     """The loss, the system, the trial's and the final (alpha, beta), kappa and every parameter after ``step``."""
     np.testing.assert_allclose(float(loss.asnumpy()), ref.losses[-1], rtol=RTOL, err_msg=f"loss at step {step}")
-    rule = opt.quadratic_step
+    rule = opt.step_rule
     check_system(rule, ref, step)
     pair_close([value(rule.trial_step_size), value(rule.trial_momentum_coefficient)], list(ref.trials[-1]),
                f"trial (a0, b0) of step {step}")

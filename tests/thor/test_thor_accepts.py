@@ -16,9 +16,9 @@ from mindspore import Tensor, nn
 from support.nets import MLP
 from support.snapshot import assert_unchanged, snapshot
 
-from ms_optim._thor import config as thor_config
+from ms_optim._thor import validate as thor_config
 from ms_optim._thor.factory import thor
-from ms_optim._thor.layers import ThorLayer
+from ms_optim._thor.net.layers import ThorLayer
 
 LR = Tensor(np.full(6, 0.1, np.float32))
 DAMPING = Tensor(np.full(6, 0.03, np.float32))

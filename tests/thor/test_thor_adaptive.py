@@ -16,7 +16,7 @@ from support.thor_runs import RTOL, compare, init_params, mlp_batches
 
 from ms_optim import nn as ms_nn
 from ms_optim import thor
-from ms_optim._thor.adaptive import FAILED_RATIO, unresolved
+from ms_optim._thor.step.damping import FAILED_RATIO, unresolved
 
 LR = 0.05
 STEPS = 8
@@ -220,7 +220,7 @@ def test_defaults():
     assert (opt.config.adapt_every, opt.config.damping_bounds) == (5, (1e-8, 1e4))
     assert rule.adapt_every == 5 and opt.damping is rule.value
     scheduled = thor(MLP(), Tensor(0.1), Tensor(0.03), 0.9)
-    assert scheduled.config.adapt_every is None and not scheduled.damping_rule.needs_probe
+    assert scheduled.config.damping_mode == "scheduled" and not scheduled.measures_loss
 
 
 def _model_run(use_ms_optim: bool, steps: int = 4):
@@ -256,7 +256,7 @@ def test_mindspore_model_under_use_steps_adaptive_thor_as_ms_optim_cell(mode):
         cell(Tensor(x), Tensor(y))
     for name, value in param_values(net).items():
         np.testing.assert_allclose(got[name], value, rtol=1e-6, atol=1e-7, err_msg=name)
-    assert float(opt.quadratic_step.calibration.asnumpy()) != 1.0  # the trial was measured
+    assert float(opt.step_rule.calibration.asnumpy()) != 1.0  # the trial was measured
     with pytest.raises(RuntimeError, match="which the training cell computes"):
         _model_run(False)
 
@@ -315,7 +315,7 @@ def test_checkpoint_resume_continues_adaptive_thor_identically(mode, tmp_path):
     for name, value in param_values(net).items():
         np.testing.assert_array_equal(param_values(resumed)[name], value, err_msg=name)
     for attr in ("calibration", "step_size", "momentum_coefficient"):
-        assert float(getattr(resumed_opt.quadratic_step, attr).asnumpy()) == float(
-            getattr(opt.quadratic_step, attr).asnumpy()), attr
+        assert float(getattr(resumed_opt.step_rule, attr).asnumpy()) == float(
+            getattr(opt.step_rule, attr).asnumpy()), attr
     assert float(resumed_opt.damping_rule.value.asnumpy()) == float(opt.damping_rule.value.asnumpy())
-    assert float(opt.quadratic_step.calibration.asnumpy()) != 1.0
+    assert float(opt.step_rule.calibration.asnumpy()) != 1.0

@@ -23,9 +23,9 @@ from support.thor_runs import ATOL, RTOL, compare, init_params, mlp_batches, tra
 
 from ms_optim import nn as ms_nn
 from ms_optim import thor
-from ms_optim._thor import adaptive_lr
-from ms_optim._thor.adaptive_lr import UNBOUND_MESSAGE
-from ms_optim._thor.quad_model import averaged_coefficients, solve_coefficients
+from ms_optim._thor.step import quad_model
+from ms_optim._thor.step import quadratic_rule as adaptive_lr
+from ms_optim._thor.step.optimizer import unprobed_message
 
 STEPS = 6
 FREQUENCY = 3
@@ -198,7 +198,7 @@ def test_adaptive_damping_ratio_is_the_trials_against_its_calibrated_model(mode,
         rho = (ref.trial_losses[-1] - ref.losses[-1]) / predicted
         assert predicted < 0 and ref.ratios[-1] == (step, rho), (step, predicted, ref.ratios[-1])
         np.testing.assert_allclose(checks.value(rule.ratio), rho, rtol=RTOL, atol=RTOL, err_msg=f"ratio of {step}")
-        taken_with = checks.value(opt.quadratic_step.step_damping)  # the damping this step used
+        taken_with = checks.value(opt.step_rule.step_damping)  # the damping this step used
         after = checks.value(rule.value)
         np.testing.assert_allclose(after, checks.calibrated_damping_after(taken_with, rho, start, 0.95), rtol=1e-6,
                                    err_msg=f"step {step}, ratio {rho}")
@@ -225,7 +225,7 @@ def test_rejected_trial_keeps_the_parameters_and_grows_kappa(mode, rng):
     opt = thor(net, "adaptive", Tensor(damping), "adaptive", batch_size=24, frequency=FREQUENCY, **kwargs)
     cell = _train_cell(net, opt)
     x, y = _batch(rng, "embedding", 24)
-    rule = opt.quadratic_step
+    rule = opt.step_rule
     for step in range(4):
         before, kappa = param_values(net), checks.value(rule.calibration)
         loss = cell(Tensor(x), Tensor(y))
@@ -255,7 +255,7 @@ def test_trial_below_the_loss_resolution_is_kept_and_lengthens_the_next(mode, rn
     net, opt, ref = _adaptive_both(rng, adapt_every=1, momentum=momentum)
     cell = _train_cell(net, opt)
     x, y = _batch(rng, "mlp")
-    rule = opt.quadratic_step
+    rule = opt.step_rule
     for _ in range(2):
         cell(Tensor(x), Tensor(y))
     kappa = adaptive_lr.KAPPA_MAX
@@ -306,8 +306,8 @@ def test_adaptive_lr_model_thor_sink_matches_reference(mode, rng):
     for _ in range(STEPS):
         ref.step(x, y)
     compare(net, ref, STEPS - 1)
-    np.testing.assert_allclose(checks.value(opt.quadratic_step.step_size), ref.alphas[-1], rtol=RTOL)
-    np.testing.assert_allclose(checks.value(opt.quadratic_step.calibration), ref.kappas[-1], rtol=RTOL)
+    np.testing.assert_allclose(checks.value(opt.step_rule.step_size), ref.alphas[-1], rtol=RTOL)
+    np.testing.assert_allclose(checks.value(opt.step_rule.calibration), ref.kappas[-1], rtol=RTOL)
     np.testing.assert_allclose(checks.value(opt.damping_rule.value), ref.dampings[-1], rtol=1e-5)
     _exercised(ref)
 
@@ -321,13 +321,15 @@ def test_mindspore_cell_is_refused_before_any_update(mode, rng):
     before = param_values(net)
     cell = nn.TrainOneStepCell(_loss_net(net), opt).set_train()
     (x, y), = mlp_batches(rng, 1, batch=8)
-    with pytest.raises(RuntimeError, match=re.escape(UNBOUND_MESSAGE[:UNBOUND_MESSAGE.index(":")])):
+    message = unprobed_message(opt.config)
+    assert "learning_rate='adaptive' needs the loss at a trial point" in message
+    with pytest.raises(RuntimeError, match=re.escape(message[:message.index(":")])):
         cell(Tensor(x), Tensor(y))
     after = param_values(net)
     for name, value in before.items():
         np.testing.assert_array_equal(after[name], value, err_msg=name)
     assert not any(np.any(moment.asnumpy()) for moment in opt.moments)
-    assert checks.value(opt.quadratic_step.calibration) == 1.0
+    assert checks.value(opt.step_rule.calibration) == 1.0
 
 
 def test_momentum_is_beta_and_weights_the_model_step(mode, rng):
@@ -340,7 +342,7 @@ def test_momentum_is_beta_and_weights_the_model_step(mode, rng):
         init_params(net, np.random.default_rng(5))
         opt = thor(net, "adaptive", Tensor(0.3), momentum, batch_size=8, frequency=FREQUENCY)
         cell = _train_cell(net, opt)
-        rule = opt.quadratic_step
+        rule = opt.step_rule
         for step in range(3):
             cell(Tensor(x), Tensor(y))
             if step == 0:
@@ -391,7 +393,8 @@ def test_averaged_coefficients_match_reference_and_are_finite(mode, name, kl_cli
     m = np.array([[system[0], system[1]], [system[1], system[2]]])
     want = averaged_ref(m, system[3:], 0.9, kl_clip)
     clip = None if kl_clip is None else Tensor(kl_clip, ms.float32)
-    alpha, beta = averaged_coefficients(Tensor(system.astype(np.float32)), 0.9, clip)
+    alpha, beta = quad_model.coefficients(Tensor(m.astype(np.float32)), Tensor(system[3:].astype(np.float32)), 0.9,
+                                          clip)
     got = (float(alpha.asnumpy()), float(beta.asnumpy()))
     assert np.all(np.isfinite(got)), got
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-7)
@@ -408,7 +411,8 @@ def test_solve_coefficients_matches_reference_and_is_finite(mode, name, kl_clip)
     m = np.array([[system[0], system[1]], [system[1], system[2]]])
     want = solve_ref(m, system[3:], kl_clip)
     clip = None if kl_clip is None else Tensor(kl_clip, ms.float32)
-    alpha, beta = solve_coefficients(Tensor(system.astype(np.float32)), clip)
+    alpha, beta = quad_model.coefficients(Tensor(m.astype(np.float32)), Tensor(system[3:].astype(np.float32)), None,
+                                          clip)
     got = (float(alpha.asnumpy()), float(beta.asnumpy()))
     assert np.all(np.isfinite(got)), got
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-7)
@@ -446,17 +450,24 @@ def test_bad_adaptive_lr_arguments_are_refused(kwargs, error, match):
     assert all(type(cell).__name__ != "DenseThor" for _, cell in net.cells_and_names())  # nothing converted
 
 
-def test_default_path_is_the_scheduled_optimizer():
-    from ms_optim._thor.adaptive_lr import AdaptiveLrThorOptimizer
-    from ms_optim._thor.optimizer import ThorOptimizer
+def test_modes_choose_the_step_rule_once():
+    """One optimizer class for every mode: the config names the modes, and the step rule is chosen from them
+    when the optimizer is built."""
+    from ms_optim._thor.step.momentum_rule import MomentumRule
+    from ms_optim._thor.step.optimizer import ThorOptimizer
+    from ms_optim._thor.step.quadratic_rule import QuadraticRule
 
-    assert adaptive_lr.solve_coefficients is solve_coefficients  # the solve, re-exported where the step lives
     scheduled = thor(MLP(), Tensor(0.1), Tensor(0.03), 0.9)
-    assert type(scheduled) is ThorOptimizer and not scheduled.config.adaptive_lr
+    assert type(scheduled) is ThorOptimizer and type(scheduled.step_rule) is MomentumRule
+    assert (scheduled.config.lr_mode, scheduled.config.damping_mode) == ("scheduled", "scheduled")
+    assert not scheduled.measures_loss
     adaptive = thor(MLP(), "adaptive", Tensor(0.03), 0.9)
-    assert type(adaptive) is AdaptiveLrThorOptimizer and adaptive.config.learning_rate is None
-    assert not adaptive.config.adaptive_momentum and adaptive.config.momentum == 0.9
-    both = thor(MLP(), "adaptive", Tensor(0.03), "adaptive").config
-    assert both.adaptive_momentum and both.momentum == 0.0
+    assert type(adaptive) is ThorOptimizer and type(adaptive.step_rule) is QuadraticRule
+    assert (adaptive.config.lr_mode, adaptive.config.momentum_mode) == ("adaptive", "scheduled")
+    assert adaptive.config.momentum == 0.9 and adaptive.step_rule.momentum == 0.9 and adaptive.measures_loss
+    both = thor(MLP(), "adaptive", Tensor(0.03), "adaptive")
+    assert both.config.momentum_mode == "adaptive" and both.config.momentum == 0.0
+    assert both.step_rule.momentum is None
     assert float(adaptive.get_lr().asnumpy()) == 0.0
+
 

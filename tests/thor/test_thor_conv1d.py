@@ -22,10 +22,11 @@ from support.params import param_values
 from support.thor_runs import init_params
 
 import ms_optim
-from ms_optim._thor.convert import ConvertNetUtils, convert_net, count_thor_cells, thor_class_for
 from ms_optim._thor.factory import thor
-from ms_optim._thor.layers import Conv1dThor, DenseThor
-from ms_optim._thor.taps import TapSettings
+from ms_optim._thor.net.convert import ConvertNetUtils, convert_net, count_thor_cells, thor_class_for
+from ms_optim._thor.net.curvature import KroneckerCurvature
+from ms_optim._thor.net.layers import Conv1dThor, DenseThor
+from ms_optim._thor.net.taps import TapSettings
 
 RTOL = 1e-4
 
@@ -81,7 +82,7 @@ def test_conv1d_layer_matches_oracle(mode, path, rng, case):
                   weight_init=Tensor(weight[:, :, 0]), bias_init=Tensor(bias))
     layer = Conv1dThor(c_in, c_out, kernel, **kwargs)
     plain = nn.Conv1d(c_in, c_out, kernel, **kwargs)
-    assert layer.kind == "conv1d" and layer.spec.treatment == ms_optim._thor.modes.Treatment.MATRIX
+    assert layer.kind == "conv1d" and isinstance(layer.spec, KroneckerCurvature)  # a conv's curvature form
     assert layer.weight.shape == (c_out, c_in, 1, kernel)
     assert (layer.a_dim, layer.g_dim) == (c_in * kernel, c_out)
     x = rng.standard_normal((batch, c_in, length)).astype(np.float32)

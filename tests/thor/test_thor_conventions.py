@@ -21,9 +21,9 @@ from support.params import param_values
 from support.snapshot import assert_unchanged, snapshot
 from support.thor_runs import init_params, net_batches, train_cell
 
-from ms_optim._thor import conventions
 from ms_optim._thor.factory import thor
-from ms_optim._thor.layers import ThorLayer
+from ms_optim._thor.net import conventions
+from ms_optim._thor.net.layers import ThorLayer
 
 RTOL = 1e-3
 ATOL = 1e-6

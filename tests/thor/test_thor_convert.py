@@ -8,8 +8,8 @@ import pytest
 from mindspore import Tensor, amp, nn, ops
 from reference import thor_factors as ref
 
-from ms_optim._thor.convert import ConvertNetUtils
-from ms_optim._thor.layers import Conv2dThor, DenseThor, EmbeddingThor, ThorLayer
+from ms_optim._thor.net.convert import ConvertNetUtils
+from ms_optim._thor.net.layers import Conv2dThor, DenseThor, EmbeddingThor, ThorLayer
 
 
 class _Block(nn.Cell):

@@ -31,11 +31,12 @@ from reference.thor_ref import ThorReference, softmax_xent
 from support.params import param_values
 from support.thor_runs import train_cell
 
-from ms_optim._thor import grouped, taps
-from ms_optim._thor import optimizer as thor_optimizer
-from ms_optim._thor.factor_kernels import factor_kernels
 from ms_optim._thor.factory import thor
+from ms_optim._thor.inversion import batched as grouped
 from ms_optim._thor.modes import Strategy
+from ms_optim._thor.net import taps
+from ms_optim._thor.net.factor_kernels import factor_kernels
+from ms_optim._thor.step import optimizer as thor_optimizer
 
 pytestmark = pytest.mark.core  # selected by CI's version leg on the oldest MindSpore (.ci/run)
 
@@ -153,8 +154,8 @@ def _train_repeated(per_layer: bool, seed_values, batches, groups: int = 4, stag
         assert len(opt.inversion.groups) == (0 if opt.inversion.fused else groups)
     else:
         assert opt.strategy == Strategy.PER_LAYER
-    assert opt.sequential_update  # no kl_clip, no clip, no Nesterov: one parameter after the other
-    opt.sequential_update = not staged  # read when the step is compiled (ms_optim._thor.update)
+    assert opt.step_rule.sequential  # no kl_clip, no clip, no Nesterov: one parameter after the other
+    opt.step_rule.sequential = not staged  # read when the step is compiled (ms_optim._thor.step.update)
     shared = [layer.factor_tap for layer in opt.thor_cells]
     assert len({id(tap) for tap in shared}) == 2  # the stem and the three convolutions: one geometry, one tap
     if private_taps:

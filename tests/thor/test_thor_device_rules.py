@@ -1,4 +1,4 @@
-"""MindSpore's device inverse rules (``ms_optim._thor.device_rules``) against float64 NumPy, both modes.
+"""MindSpore's device inverse rules (``ms_optim._thor.inversion.device_rules``) against float64 NumPy, both modes.
 
 * ``whitening_blocks``: ``L^-1`` of every block (``F = L L^T``), blocked with a padded last block, and
   ``gpu_embedding_g_inverse``: ``L^-1 L^-1`` accepted for an SPD block, rejected (no NaN out) for a
@@ -16,11 +16,11 @@ from support.nets import ConvNet, EmbedNet
 from support.snapshot import assert_unchanged, snapshot
 from support.thor_runs import init_params, train_cell
 
-from ms_optim._thor import conventions
-from ms_optim._thor import device_rules as rules
 from ms_optim._thor.factory import thor
-from ms_optim._thor.layers import ThorLayer
+from ms_optim._thor.inversion import device_rules as rules
 from ms_optim._thor.modes import Strategy
+from ms_optim._thor.net import conventions
+from ms_optim._thor.net.layers import ThorLayer
 
 
 class _Whiten(nn.Cell):
@@ -39,7 +39,7 @@ def _gpu_embedding_slot(dim, block_size):
     opt = thor(net, Tensor(np.float32(0.1)), Tensor(np.float32(0.01)), 0.9, batch_size=8, block_size=block_size,
                factor_convention="gpu")
     slot = opt.slots[0]
-    assert slot.g_rule == rules.GPU_EMBEDDING and slot.is_embedding
+    assert slot.g_rule == rules.GPU_EMBEDDING and slot.a_diagonal
     return slot
 
 

@@ -1,4 +1,4 @@
-"""THOR factors stored as their diagonal blocks (``ms_optim._thor.factors``: ``stored_shape``).
+"""THOR factors stored as their diagonal blocks (``ms_optim._thor.net.factors``: ``stored_shape``).
 
 A layer whose factor is wider than the optimizer's ``block_size`` computes and keeps only the diagonal
 blocks the blocked inverse reads. Checked against the float64 NumPy reference: the block helpers
@@ -17,11 +17,11 @@ from support.nets import ConvNet
 from support.params import param_values
 from support.thor_runs import init_params, run_against_oracle, schedules, train_cell
 
-from ms_optim._thor import factors
 from ms_optim._thor.factory import thor
-from ms_optim._thor.layers import Conv2dThor, DenseThor
-from ms_optim._thor.slot import LayerSlot
-from ms_optim._thor.trace import factor_trace as _trace
+from ms_optim._thor.inversion.slot import LayerSlot
+from ms_optim._thor.inversion.trace import factor_trace as _trace
+from ms_optim._thor.net import factors
+from ms_optim._thor.net.layers import Conv2dThor, DenseThor
 
 RTOL = 1e-5
 

@@ -1,4 +1,4 @@
-"""THOR's fused factor kernels (``ms_optim._thor.factor_kernels``) against the float64 NumPy oracle.
+"""THOR's fused factor kernels (``ms_optim._thor.net.factor_kernels``) against the float64 NumPy oracle.
 
 Each op writes its factor Parameter in place; checked in PYNATIVE and GRAPH mode: conv patch grams over
 every geometry the layers allow (strides, dilations, "same" with asymmetric padding, "valid", explicit
@@ -14,9 +14,9 @@ import pytest
 from mindspore import Parameter, Tensor, nn
 from reference.thor_factors import conv_factors, dense_factors, embedding_factors, stored_form
 
-from ms_optim._thor import factor_kernels as fk
-from ms_optim._thor.factors import conv_output_geometry, stored_shape
-from ms_optim._thor.preconditioner import precondition_matrix
+from ms_optim._thor.net import factor_kernels as fk
+from ms_optim._thor.net.blocks import apply_left, apply_right
+from ms_optim._thor.net.factors import conv_output_geometry, stored_shape
 
 RTOL = 1e-5
 
@@ -165,14 +165,14 @@ def _block_diagonal(blocks, n):
                                                        (9, 9, 3, 4)])
 def test_precondition_is_g_inverse_grad_a_inverse(mode, rng, kernels, rows, cols, g_block, a_block):
     """``G^-1 g A^-1`` with block-diagonal inverses (padded last blocks), equal to the NumPy product and
-    to the composite ``preconditioner.precondition_matrix``."""
+    to the composite products of ``net/blocks.py``."""
     grad = rng.standard_normal((rows, cols)).astype(np.float32)
     g_inv, a_inv = _blocks(rng, rows, g_block), _blocks(rng, cols, a_block)
     want = _block_diagonal(g_inv, rows) @ grad.astype(np.float64) @ _block_diagonal(a_inv, cols)
     got = _Precondition(kernels[3])(Tensor(grad), Tensor(g_inv), Tensor(a_inv)).asnumpy()
     _close(got, want)
-    composite = precondition_matrix(Tensor(grad), Tensor(g_inv), Tensor(a_inv), (rows, *g_inv.shape[:2]),
-                                    (cols, *a_inv.shape[:2])).asnumpy()
+    left = apply_left(Tensor(g_inv), Tensor(grad), rows, *g_inv.shape[:2])
+    composite = apply_right(left, Tensor(a_inv), cols, *a_inv.shape[:2]).asnumpy()
     _close(got, composite)
 
 

@@ -19,8 +19,8 @@ from mindspore.train import Callback, Model
 from reference.thor_ref import ConvRef, ThorReference
 
 from ms_optim._thor.factory import thor
-from ms_optim._thor.layers import ThorLayer
 from ms_optim._thor.model import ConvertModelUtils
+from ms_optim._thor.net.layers import ThorLayer
 
 BATCH = 4
 

@@ -1,4 +1,4 @@
-"""THOR's fused damped inversion (``MsOptimBlockInverse``, ``ms_optim._thor.grouped`` on CPU) against float64 NumPy.
+"""THOR's fused damped inversion (``MsOptimBlockInverse``, ``inversion/batched.py`` on CPU) against float64 NumPy.
 
 The op damps each diagonal block of a factor (``D = scale * F + (lam + p) I``, ``p = 1`` on the last block's
 padding), inverts it in double precision, and writes the float32 inverse in place only when every block
@@ -15,8 +15,8 @@ import numpy as np
 import pytest
 from mindspore import Parameter, Tensor, nn, ops
 
-from ms_optim._thor import factor_kernels as fk
-from ms_optim._thor.preconditioner import INVERSE_TOLERANCE
+from ms_optim._thor.inversion.preconditioner import INVERSE_TOLERANCE
+from ms_optim._thor.net import factor_kernels as fk
 
 pytestmark = pytest.mark.core  # selected by CI's version leg on the oldest MindSpore (.ci/run)
 

@@ -1,4 +1,4 @@
-"""THOR's layer kinds (``ms_optim._thor.kinds``): one spec per kind, one tap class, layers complete when made.
+"""THOR's layer kinds (``ms_optim._thor.net.kinds``): one spec per kind, one tap class, layers complete when made.
 
 * The registered specs and what the optimizer reads from every THOR layer (``kind``, ``spec``, ``a_dim``,
   ``g_dim``, ``weight_param()``, the factor Parameters, ``thor_flag``, ``factor_block_size``).
@@ -13,13 +13,19 @@ import numpy as np
 import pytest
 from mindspore import Parameter, Tensor, nn, ops
 
-from ms_optim._thor import kinds
-from ms_optim._thor.convert import convert_net, thor_candidates
-from ms_optim._thor.factors import factor_blocks, stored_shape
-from ms_optim._thor.layers import Conv1dThor, Conv2dThor, DenseThor, EmbeddingThor
-from ms_optim._thor.modes import Convention, Kind, Treatment
-from ms_optim._thor.preconditioner import BlockLayout
-from ms_optim._thor.taps import FactorTap, ScheduleGuard, TapSettings
+from ms_optim._thor.inversion.preconditioner import BlockLayout
+from ms_optim._thor.modes import Convention, Kind
+from ms_optim._thor.net import kinds
+from ms_optim._thor.net.convert import convert_net, thor_candidates
+from ms_optim._thor.net.curvature import (
+    GradientSquareCurvature,
+    KroneckerCurvature,
+    NoCurvature,
+    RowDiagonalCurvature,
+)
+from ms_optim._thor.net.factors import factor_blocks, stored_shape
+from ms_optim._thor.net.layers import Conv1dThor, Conv2dThor, DenseThor, EmbeddingThor
+from ms_optim._thor.net.taps import FactorTap, ScheduleGuard, TapSettings
 
 
 def test_registered_specs():
@@ -31,7 +37,8 @@ def test_registered_specs():
         assert spec.thor_class is cls and cls.spec is spec and cls.kind == spec.kind
         assert spec.plain_type is plain_type
     assert [s.kind for s in specs] == [Kind.DENSE, Kind.CONV, Kind.CONV1D, Kind.EMBEDDING]
-    assert [s.treatment for s in specs] == [Treatment.MATRIX] * 3 + [Treatment.EMBEDDING]
+    assert [type(s).__mro__[1] for s in specs[:2]] == [KroneckerCurvature] * 2  # their curvature forms
+    assert isinstance(kinds.CONV1D, KroneckerCurvature) and isinstance(kinds.EMBEDDING, RowDiagonalCurvature)
     assert [s.a_diagonal for s in specs] == [False, False, False, True]
     assert kinds.CONV1D.conventions == (Convention.KFC,)
     assert all(s.conventions == Convention.CONCRETE for s in specs if s is not kinds.CONV1D)
@@ -154,4 +161,5 @@ def test_layernorm_rule():
     norm = _MyNorm((4,))
     assert kinds.LAYERNORM.supports(norm) and not kinds.LAYERNORM.supports(nn.Dense(2, 2))
     assert kinds.LAYERNORM.params(norm) == (norm.gamma, norm.beta)
-    assert kinds.LAYERNORM.treatment == Treatment.LAYERNORM
+    assert isinstance(kinds.LAYERNORM, GradientSquareCurvature) and kinds.LAYERNORM.has_curvature
+    assert isinstance(kinds.PLAIN, NoCurvature) and not kinds.PLAIN.has_curvature

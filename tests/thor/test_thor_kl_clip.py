@@ -14,7 +14,7 @@ from support.params import param_values
 from support.thor_runs import init_params, mlp_batches, run_against_oracle, schedules, train_cell
 
 from ms_optim._thor.factory import thor
-from ms_optim._thor.kl_clip import kl_clip_factor
+from ms_optim._thor.step.kl_clip import kl_clip_factor
 
 STEPS = 5
 

@@ -1,7 +1,7 @@
 """THOR layers: outputs equal to the plain layers, factors equal to the NumPy reference (float64).
 
 Every test runs in PYNATIVE and GRAPH mode (``mode`` fixture), with the fused factor kernels of CPU
-(``ms_optim._thor.factor_kernels``) and with the composite taps of other devices (``path`` fixture).
+(``ms_optim._thor.net.factor_kernels``) and with the composite taps of other devices (``path`` fixture).
 The losses are linear in the layer outputs, ``L = sum(out * r)`` with ``r`` drawn per step (already
 divided by the batch size), so the gradient reaching each layer is known exactly: ``dL/dout = r``.
 
@@ -17,7 +17,7 @@ import pytest
 from mindspore import Tensor, amp, nn, ops
 from reference import thor_factors as ref
 
-from ms_optim._thor.layers import Conv2dThor, DenseThor, EmbeddingThor, ThorLayer
+from ms_optim._thor.net.layers import Conv2dThor, DenseThor, EmbeddingThor, ThorLayer
 
 pytestmark = [pytest.mark.core, pytest.mark.numeric]  # selected by CI's version legs (.ci/run)
 

@@ -14,10 +14,10 @@ from ms_optim._thor.factory import thor
 
 
 def test_package_and_function_do_not_clash():
-    """``import ms_optim._thor.layers as L`` works in a fresh interpreter, before and after ``ms_optim.thor``."""
-    code = ("import inspect, ms_optim._thor.layers as L, ms_optim, ms_optim.nn;"
+    """``import ms_optim._thor.net.layers as L`` works in a fresh interpreter, before and after ``ms_optim.thor``."""
+    code = ("import inspect, ms_optim._thor.net.layers as L, ms_optim, ms_optim.nn;"
             "assert inspect.isfunction(ms_optim.thor) and ms_optim.thor is ms_optim.nn.thor;"
-            "import ms_optim._thor.convert;"
+            "import ms_optim._thor.net.convert;"
             "assert inspect.isfunction(ms_optim.thor) and L.DenseThor is ms_optim.nn.DenseThor;"
             "print('NAMES-OK')")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)

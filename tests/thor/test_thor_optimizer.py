@@ -17,10 +17,11 @@ from support.nets import MLP, ConvNet, EmbedNet
 from support.params import param_values
 from support.thor_runs import init_params, mlp_batches, run_against_oracle, schedules, train_cell
 
-from ms_optim._thor import preconditioner as pc
 from ms_optim._thor.factory import thor
-from ms_optim._thor.layers import ThorLayer
-from ms_optim._thor.optimizer import ThorOptimizer
+from ms_optim._thor.inversion import preconditioner as pc
+from ms_optim._thor.net.blocks import apply_left, apply_right, keep_if
+from ms_optim._thor.net.layers import ThorLayer
+from ms_optim._thor.step.optimizer import ThorOptimizer
 
 pytestmark = [pytest.mark.core, pytest.mark.numeric]  # selected by CI's version legs (.ci/run)
 
@@ -200,7 +201,7 @@ class _Blocks(nn.Cell):
         bg = pc.damped_blocks(g, lam, self.lg.n, self.lg.nblocks, self.lg.bs, self.lg.eye, self.lg.pad_eye)
         ia, ig = pc.invert_blocks(ba), pc.invert_blocks(bg)
         ok = ops.logical_and(pc.accept_inverse(ba, ia, self.la.eye), pc.accept_inverse(bg, ig, self.lg.eye))
-        return ia, ig, ok, pc.precondition_matrix(grad, ig, ia, self.gg, self.ga)
+        return ia, ig, ok, apply_right(apply_left(ig, grad, *self.gg), ia, *self.ga)
 
 
 @pytest.mark.parametrize("block_size", [4, 3, None])
@@ -234,7 +235,7 @@ def test_preconditioner_blocks_match_numpy(mode, rng, block_size):
 
 class _KeepIf(nn.Cell):
     def construct(self, new, old):
-        return pc.keep_if(ops.all(ops.isfinite(new)), new, old)
+        return keep_if(ops.all(ops.isfinite(new)), new, old)
 
 
 @pytest.mark.parametrize("shape", [(3, 4, 4), (5,), (6, 2)])

@@ -9,9 +9,9 @@ from mindspore import Tensor, nn
 from mindspore.train import Model
 from support.snapshot import assert_unchanged, snapshot
 
-from ms_optim._thor.convert import ConvertNetUtils
 from ms_optim._thor.factory import thor
 from ms_optim._thor.model import ConvertModelUtils, ModelThor
+from ms_optim._thor.net.convert import ConvertNetUtils
 
 
 class Net(nn.Cell):

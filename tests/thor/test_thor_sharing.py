@@ -15,8 +15,8 @@ from support.params import param_values
 from support.thor_runs import init_params, mlp_batches, run_against_oracle, schedules, train_cell
 
 from ms_optim._thor.factory import thor
-from ms_optim._thor.preconditioner import BlockLayout
-from ms_optim._thor.sharing import assign_inversions, layout_cost
+from ms_optim._thor.inversion.owners import assign_inversions, layout_cost
+from ms_optim._thor.inversion.preconditioner import BlockLayout
 
 
 def _loads(costs, owners, ranks):

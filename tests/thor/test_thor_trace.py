@@ -25,8 +25,8 @@ from support.params import param_values
 from support.thor_runs import init_params, train_cell
 
 from ms_optim._thor.factory import thor
-from ms_optim._thor.layers import ThorLayer
 from ms_optim._thor.model import ConvertModelUtils
+from ms_optim._thor.net.layers import ThorLayer
 
 RTOL = 1e-3
 ATOL = 1e-6

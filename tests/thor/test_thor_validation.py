@@ -10,7 +10,7 @@ from support.optim_table import BY_NAME
 from support.snapshot import assert_unchanged, snapshot
 
 from ms_optim._thor.factory import thor
-from ms_optim._thor.layers import ThorLayer
+from ms_optim._thor.net.layers import ThorLayer
 
 NAN = float("nan")
 INF = float("inf")

@@ -90,7 +90,7 @@ def test_published_architectures_build_and_convert():
 
     from model_zoo.resnet.src.resnet import build_resnet
     from ms_optim import nn as thor_nn
-    from ms_optim._thor.layers import ThorLayer
+    from ms_optim._thor.net.layers import ThorLayer
 
     expected = {("resnet18", 1000): 11689512, ("resnet34", 1000): 21797672, ("resnet50", 1000): 25557032,
                 ("resnet50", 1001): 25559081, ("resnet101", 1000): 44549160}

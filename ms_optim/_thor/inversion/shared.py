@@ -4,7 +4,7 @@ The factors are mean-all-reduced in layer order (A then G), so every rank holds 
 takes the same trace decisions; each rank inverts the (refreshed) layers it owns
 (``sharing.InverseSharing.owned``), contributes zeros for the others (a kept inverse is contributed as
 stored), and the sharing all-reduce sums the contributions: every rank stores the owner's inverse.
-Why and in which order the collectives are issued: ``ms_optim._thor.sharing``.
+Why and in which order the collectives are issued: ``ms_optim._thor.inversion.owners``.
 """
 from __future__ import annotations
 
@@ -14,10 +14,10 @@ from mindspore import nn, ops
 from mindspore.ops import functional as F
 
 from ms_optim._thor.config import ThorConfig
-from ms_optim._thor.layerwise import LayerInversion
+from ms_optim._thor.inversion.per_layer import LayerInversion
+from ms_optim._thor.inversion.slot import invert_layer
+from ms_optim._thor.inversion.trace import decide
 from ms_optim._thor.modes import Strategy
-from ms_optim._thor.slot import invert_layer
-from ms_optim._thor.trace import decide
 
 __all__ = ["SharedInversion"]
 
@@ -46,7 +46,7 @@ class SharedInversion(LayerInversion):
             slot = self.slots[i]
             refresh = True
             if self.trace is not None:
-                refresh, decided = decide(self.trace, i, a_factors[i], g_factors[i], slot.is_embedding)
+                refresh, decided = decide(self.trace, i, a_factors[i], g_factors[i], slot.a_diagonal)
                 gradients = F.depend(gradients, decided)
             if not self.sharing.owned[i]:
                 a_inv, g_inv = ops.zeros_like(slot.a_inv), ops.zeros_like(slot.g_inv)

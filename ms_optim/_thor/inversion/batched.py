@@ -45,7 +45,7 @@ The composite path's numbers are those of ``slot.invert_layer``, block for block
 one per factor). An embedding's diagonal A stays per layer (``1 / (a + sqrt(d))``, kept where not finite).
 Used when every layer is inverted on every THOR step (no ``trace_thresholds``, no ``distribute_inverses``);
 the trace rule and inverse sharing decide per layer: the ``PER_LAYER``/``SHARED`` strategies
-(``inversion.py``).
+(``strategy.py``).
 """
 from __future__ import annotations
 
@@ -57,11 +57,12 @@ from mindspore import ParameterTuple, Tensor, nn, ops
 from mindspore.ops import composite as C
 from mindspore.ops import functional as F
 
-from ms_optim._thor import preconditioner as pc
 from ms_optim._thor.config import ThorConfig
+from ms_optim._thor.inversion import preconditioner as pc
+from ms_optim._thor.inversion.owners import InverseSharing
 from ms_optim._thor.modes import Strategy
+from ms_optim._thor.net.blocks import keep_if
 from ms_optim._thor.parallel import sum_allreduce
-from ms_optim._thor.sharing import InverseSharing
 
 __all__ = ["GroupedInversion", "CHUNK_BYTES", "chunk_members"]
 
@@ -113,7 +114,7 @@ def _store_diagonal_tensor(anchor, lam, factor, inverse):
     """An embedding's diagonal A (read after ``anchor``): ``1 / (a + lam)``, stored where finite (else the
     stored one is kept)."""
     new = pc.damped_diagonal_inverse(ops.depend(factor, anchor), lam)
-    return ops.assign(inverse, pc.keep_if(ops.all(ops.isfinite(new)), new, inverse))
+    return ops.assign(inverse, keep_if(ops.all(ops.isfinite(new)), new, inverse))
 
 
 def chunk_members(width: int, members: Sequence) -> List[List]:
@@ -184,7 +185,7 @@ class _WidthGroup(nn.Cell):
 
 
 class GroupedInversion(nn.Cell):
-    """The ``BATCHED`` strategy (``inversion.py``): every layer's damped inversion on a THOR step, one fused
+    """The ``BATCHED`` strategy (``strategy.py``): every layer's damped inversion on a THOR step, one fused
     op per factor on CPU, else one :class:`_WidthGroup` per chunk of a block width.
 
     ``slots``: the optimizer's ``LayerSlot``\\ s; ``layers``: the THOR layers in the same order (their factor

@@ -14,7 +14,7 @@ positions, patches ``p_{b,t}`` and output gradients ``d_{b,t}`` (rows of ``dL/ds
 batch means ``pm_t = mean_b p_{b,t}`` (the patches of ``x.mean(axis=0)``: im2col is linear) and
 ``dm_t = mean_b d_{b,t}``.
 
-* ``"kfc"`` (ms_optim's formulas, ``ms_optim._thor.factors``; the damping ``sqrt(d)`` on both)::
+* ``"kfc"`` (ms_optim's formulas, ``ms_optim._thor.net.factors``; the damping ``sqrt(d)`` on both)::
 
       Dense      A_e = a^T a / N              G_e = N d^T d
       Conv2d     A_e = sum_{b,t} p p^T / n    G_e = B sum_{b,t} d d^T
@@ -52,8 +52,9 @@ leaves it a plain, first-order layer under ``"gpu"``/``"ascend"``, as MindSpore 
 gamma/beta (``g / (g^2 / bs + sqrt(d))``), inverses, blocks, loss scaling and everything else are the
 same in every convention.
 
-MindSpore's inverse rules, reproduced under "gpu"/"ascend" (``ms_optim._thor.device_rules`` and
-``ms_optim._thor.averaging``; checked against the float64 oracle ``tests/reference/thor_conventions.py``):
+MindSpore's inverse rules, reproduced under "gpu"/"ascend" (``ms_optim._thor.inversion.device_rules`` and
+``ms_optim._thor.inversion.averaged``; checked against the float64 oracle
+``tests/reference/thor_conventions.py``):
 
 * GPU Embedding: the G "inverse" is ``L^-1 L^-1`` (``G' = L L^T`` the damped G; MindSpore's
   ``MatMul(X, X)`` of ``X = CholeskyTrsm(G')``), not ``G'^-1``: lower triangular, not symmetric.

@@ -32,10 +32,13 @@ from typing import Dict, List, Optional, Set, Tuple
 
 from mindspore import nn
 
-from ms_optim._thor import kinds, layers  # noqa: F401  (layers registers the THOR classes of the kinds)
-from ms_optim._thor.layer_base import DEFAULT_SETTINGS, ThorLayer
 from ms_optim._thor.modes import Convention
-from ms_optim._thor.taps import TapPool, TapSettings
+from ms_optim._thor.net import (
+    kinds,  # noqa: F401  (layers registers the THOR classes of the kinds)
+    layers,  # noqa: F401  (layers registers the THOR classes of the kinds)
+)
+from ms_optim._thor.net.layer_base import DEFAULT_SETTINGS, ThorLayer
+from ms_optim._thor.net.taps import TapPool, TapSettings
 from ms_optim._validation import check_type
 
 __all__ = ["ConvertNetUtils", "convert_net", "thor_class_for", "thor_candidates", "count_thor_cells",

@@ -25,12 +25,12 @@ import mindspore.common.dtype as mstype
 from mindspore import nn, ops
 from mindspore.ops import functional as F
 
-from ms_optim._thor import device_rules as rules
 from ms_optim._thor.config import ThorConfig
-from ms_optim._thor.layerwise import LayerInversion
+from ms_optim._thor.inversion import device_rules as rules
+from ms_optim._thor.inversion.per_layer import LayerInversion
+from ms_optim._thor.inversion.slot import layer_inverses
+from ms_optim._thor.inversion.trace import decide_trace, factor_trace
 from ms_optim._thor.modes import Strategy
-from ms_optim._thor.slot import layer_inverses
-from ms_optim._thor.trace import decide_trace, factor_trace
 
 __all__ = ["AveragedInversion"]
 
@@ -49,7 +49,7 @@ class AveragedInversion(LayerInversion):
         """The trace rule's per-layer decisions from the ranks' mean traces, and its bookkeeping."""
         pairs = ()
         for i in range(self.num_layers):
-            pairs += (ops.stack((factor_trace(a_factors[i], self.slots[i].is_embedding),
+            pairs += (ops.stack((factor_trace(a_factors[i], self.slots[i].a_diagonal),
                                  factor_trace(g_factors[i], False))),)
         pairs = self.reduce_traces(pairs)
         decisions, done = (), ()

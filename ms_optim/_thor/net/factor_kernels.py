@@ -23,9 +23,9 @@ geometry and the block layout (``factors.conv_output_geometry``, ``factors.facto
 (amp) are read as they are, and the sums are float32 as in the composite tap. A fourth op,
 ``MsOptimBlockPrecondition(g, g_inv, a_inv)``, is a Dense or conv gradient's ``G^-1 g A^-1`` with the stored
 block inverses (``preconditioner.precondition_parameter``), and a fifth, ``MsOptimBlockInverse(inverse,
-factor, lam, scale, plan)``, a factor's damped, checked inversion, written in place (``grouped.py``);
-``MsOptimBlockInverseOut(factor, lam, scale, plan) -> (inverse, ok)`` is the same as a pure op for the
-layer-by-layer inversion (``slot.py``).
+factor, lam, scale, plan)``, a factor's damped, checked inversion, written in place
+(``inversion/batched.py``); ``MsOptimBlockInverseOut(factor, lam, scale, plan) -> (inverse, ok)`` is the same
+as a pure op for the layer-by-layer inversion (``inversion/slot.py``).
 
 The products are oneDNN's ``dnnl_sgemm`` from MindSpore's own ``lib/libdnnl.so.3`` (the library
 MindSpore's CPU kernels use), bound once per process through ``MsOptimSetSgemm``. The kernels are used
@@ -48,7 +48,7 @@ import numpy as np
 from mindspore import Tensor, ops
 from mindspore.ops import constexpr
 
-from ms_optim._thor.factors import conv_output_geometry, factor_blocks
+from ms_optim._thor.net.factors import conv_output_geometry, factor_blocks
 from ms_optim.optim import _fused
 
 __all__ = ["FactorKernels", "factor_kernels", "patch_plan_tensor", "row_plan_tensor", "count_plan_tensor"]

@@ -10,18 +10,18 @@ step hands to the THOR branch in place of the gradients.
 =================  ============================================================  =========================
 strategy           when                                                          module
 =================  ============================================================  =========================
-``BATCHED``        every layer inverted by the formula (no trace rule, no         ``grouped.py``
+``BATCHED``        every layer inverted by the formula (no trace rule, no         ``batched.py``
                    device rule, no ``distribute_inverses``)
-``PER_LAYER``      otherwise on one rank, or "kfc" on R > 1 ranks without         ``layerwise.py``
+``PER_LAYER``      otherwise on one rank, or "kfc" on R > 1 ranks without         ``per_layer.py``
                    ``distribute_inverses``
 ``SHARED``         ``distribute_inverses`` on R > 1 ranks                         ``shared.py``
-``AVERAGED``       "gpu"/"ascend" on R > 1 ranks (MindSpore's inverse averaging)  ``averaging.py``
+``AVERAGED``       "gpu"/"ascend" on R > 1 ranks (MindSpore's inverse averaging)  ``averaged.py``
 =================  ============================================================  =========================
 
 The trace rule (``trace_thresholds``) is a property of the strategy: the per-layer strategies decide
-per layer with the :class:`~ms_optim._thor.trace.TraceSchedule` they hold (``trace``, None without the
-rule); the batched one is never chosen with it. Every strategy holds ``sharing``
-(:class:`~ms_optim._thor.sharing.InverseSharing`: which rank inverts which layer, and the inversion
+per layer with the :class:`~ms_optim._thor.inversion.trace.TraceSchedule` they hold (``trace``, None without
+the rule); the batched one is never chosen with it. Every strategy holds ``sharing``
+(:class:`~ms_optim._thor.inversion.owners.InverseSharing`: which rank inverts which layer, and the inversion
 counter of ``distribute_inverses``) and ``trace``.
 """
 from __future__ import annotations
@@ -30,13 +30,13 @@ from typing import Optional, Sequence
 
 from mindspore import nn
 
-from ms_optim._thor.averaging import AveragedInversion
 from ms_optim._thor.config import ThorConfig
-from ms_optim._thor.device_rules import InverseRule, averages_inverses
-from ms_optim._thor.grouped import GroupedInversion
-from ms_optim._thor.layerwise import LayerwiseInversion
+from ms_optim._thor.inversion.averaged import AveragedInversion
+from ms_optim._thor.inversion.batched import GroupedInversion
+from ms_optim._thor.inversion.device_rules import InverseRule, averages_inverses
+from ms_optim._thor.inversion.per_layer import LayerwiseInversion
+from ms_optim._thor.inversion.shared import SharedInversion
 from ms_optim._thor.modes import Strategy
-from ms_optim._thor.shared import SharedInversion
 
 __all__ = ["choose_strategy", "build_inversion", "STRATEGIES"]
 

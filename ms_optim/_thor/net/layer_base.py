@@ -12,9 +12,9 @@ import numpy as np
 from mindspore import Parameter, Tensor, nn, ops
 
 from ms_optim._bridge import prime_numpy_bridge
-from ms_optim._thor import kinds
-from ms_optim._thor.factors import stored_shape
-from ms_optim._thor.taps import DEFAULT_SETTINGS, FactorTap, TapPool, TapSettings
+from ms_optim._thor.net import kinds
+from ms_optim._thor.net.factors import stored_shape
+from ms_optim._thor.net.taps import DEFAULT_SETTINGS, FactorTap, TapPool, TapSettings
 from ms_optim._validation import describe
 
 __all__ = ["ThorLayer", "DEFAULT_SETTINGS"]
@@ -25,7 +25,7 @@ class ThorLayer(nn.Cell):
 
     What the optimizer may rely on:
 
-    * ``spec``: the layer kind's spec (``kinds.KindSpec``: ``treatment``, ``a_diagonal``, ...); ``kind``:
+    * ``spec``: the layer kind's spec (``kinds.KindSpec``: ``a_diagonal``, ``apply``, ...); ``kind``:
       its ``modes.Kind`` (``"dense"``, ``"conv"``, ``"conv1d"`` or ``"embedding"``); ``a_dim`` / ``g_dim``:
       the sizes of A, G;
     * ``weight_param()``: the Parameter whose gradient is preconditioned (``weight`` or ``embedding_table``;
@@ -38,7 +38,7 @@ class ThorLayer(nn.Cell):
       zero-padded), or ``(a_dim,)`` (the diagonal of A) when ``spec.a_diagonal``; zeros until the first
       THOR step;
     * ``matrix_g_cov``: float32 Parameter, ``stored_shape(g_dim, factor_block_size)``; zeros until the
-      first THOR step; ``loss_scale**2`` times the formula (see ``ms_optim._thor.factors``; both factors
+      first THOR step; ``loss_scale**2`` times the formula (see ``ms_optim._thor.net.factors``; both factors
       in the normalisation of the tap's convention);
     * ``thor_flag``: bool scalar Parameter, initially True (step 0 is a THOR step);
     * ``factor_tap``: its ``taps.FactorTap`` (possibly shared with layers of the same geometry).

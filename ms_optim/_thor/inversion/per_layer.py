@@ -16,11 +16,11 @@ from mindspore import ParameterTuple, Tensor, nn, ops
 from mindspore.ops import functional as F
 
 from ms_optim._thor.config import ThorConfig
+from ms_optim._thor.inversion.owners import InverseSharing
+from ms_optim._thor.inversion.slot import invert_layer
+from ms_optim._thor.inversion.trace import TraceSchedule, decide
 from ms_optim._thor.modes import Strategy
 from ms_optim._thor.parallel import FactorAllReduce
-from ms_optim._thor.sharing import InverseSharing
-from ms_optim._thor.slot import invert_layer
-from ms_optim._thor.trace import TraceSchedule, decide
 
 __all__ = ["LayerInversion", "LayerwiseInversion"]
 
@@ -94,7 +94,7 @@ class LayerwiseInversion(LayerInversion):
                 done += self._invert_into(i, a_factors[i], g_factors[i], lam)
             else:
                 refresh, decided = decide(self.trace, i, a_factors[i], g_factors[i],
-                                          self.slots[i].is_embedding)
+                                          self.slots[i].a_diagonal)
                 inverted = self.zero_step
                 if refresh:
                     inverted = F.depend(self.zero_step, self._invert_into(i, a_factors[i], g_factors[i], lam))

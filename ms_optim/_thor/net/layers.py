@@ -1,6 +1,6 @@
 """THOR layers: ``nn.Dense``/``nn.Conv2d``/``nn.Conv1d``/``nn.Embedding`` that also collect their factors.
 
-State and forward only: what THOR knows about each kind (sizes, factor math, multipliers, treatment) is
+State and forward only: what THOR knows about each kind (sizes, factor math, multipliers, curvature) is
 its spec in ``kinds.py``, the backward-pass tap is ``taps.FactorTap``, the conversion ``convert.py``.
 
 Every layer here computes exactly the output of the plain MindSpore layer built with the same
@@ -27,9 +27,9 @@ from __future__ import annotations
 import mindspore.common.dtype as mstype
 from mindspore import Tensor, nn, ops
 
-from ms_optim._thor import kinds, layer_args
-from ms_optim._thor.layer_base import DEFAULT_SETTINGS, ThorLayer
-from ms_optim._thor.taps import DEFAULT_BLOCK_SIZE
+from ms_optim._thor.net import kinds, layer_args
+from ms_optim._thor.net.layer_base import DEFAULT_SETTINGS, ThorLayer
+from ms_optim._thor.net.taps import DEFAULT_BLOCK_SIZE
 
 __all__ = ["ThorLayer", "DenseThor", "Conv2dThor", "Conv1dThor", "EmbeddingThor", "DEFAULT_BLOCK_SIZE"]
 
@@ -43,7 +43,7 @@ class DenseThor(ThorLayer):
 
     Factors (N = number of input rows, a the rows, d = dL/ds the gradient of the pre-activation
     ``s = a @ weight^T + bias``): ``A = a^T a / N`` (in x in) and ``G = N * d^T d`` (out x out),
-    float32, computed only while ``thor_flag`` is True in training mode. See ``ms_optim._thor.factors``.
+    float32, computed only while ``thor_flag`` is True in training mode. See ``ms_optim._thor.net.factors``.
 
     Args:
         in_channels (int): input features.
@@ -57,7 +57,7 @@ class DenseThor(ThorLayer):
         TypeError, ValueError: as ``nn.Dense`` (non-positive channels, non-bool has_bias, initializer
             shape mismatch, unknown activation).
         ValueError: if a channel count does not fit int32, or ``weight_init``/``bias_init`` is a NaN or
-            infinite number (``ms_optim._thor.layer_args``).
+            infinite number (``ms_optim._thor.net.layer_args``).
     """
 
     spec = kinds.DENSE
@@ -154,7 +154,7 @@ class Conv2dThor(_ConvThor):
 
     Factors (B = batch, T = H_out*W_out, p the C_in*kh*kw patches, d = dL/ds at each output position):
     ``A = sum p p^T / (B*T)`` and ``G = B * sum d d^T`` (KFC normalisation), float32, computed only
-    while ``thor_flag`` is True in training mode. See ``ms_optim._thor.factors``.
+    while ``thor_flag`` is True in training mode. See ``ms_optim._thor.net.factors``.
 
     Args: as ``nn.Conv2d`` (``kernel_size``, ``stride``, ``dilation``: int or 2-tuple; ``padding``: int
     or 4-tuple; defaults ``weight_init='normal'``, ``bias_init='zeros'``, ``has_bias=False``).
@@ -163,7 +163,7 @@ class Conv2dThor(_ConvThor):
         TypeError, ValueError: as ``nn.Conv2d`` for bad arguments.
         TypeError: if ``kernel_size``/``stride``/``dilation`` is not an int or a tuple of ints.
         ValueError: if a size does not fit int32, or ``weight_init``/``bias_init`` is a NaN or infinite
-            number (``ms_optim._thor.layer_args``).
+            number (``ms_optim._thor.net.layer_args``).
         ValueError: if ``group`` is not 1 (grouped and depthwise convolutions have no THOR factors
             here; keep them as ``nn.Conv2d``: the converter leaves them first-order).
     """
@@ -232,7 +232,7 @@ class Conv1dThor(_ConvThor):
         TypeError, ValueError: as ``nn.Conv1d`` for bad arguments.
         TypeError: if ``in_channels`` or ``out_channels`` is not an int.
         ValueError: if a size does not fit int32, or ``weight_init``/``bias_init`` is a NaN or infinite
-            number (``ms_optim._thor.layer_args``).
+            number (``ms_optim._thor.net.layer_args``).
         ValueError: if ``group`` is not 1 (keep grouped convolutions as ``nn.Conv1d``).
 
     Examples:
@@ -290,7 +290,7 @@ class EmbeddingThor(ThorLayer):
     Factors (N = number of ids, all dimensions flattened; d = dL/d(output rows)): ``A = counts / N``,
     stored as the vocab_size vector of A's diagonal (ids outside ``[0, vocab_size)`` not counted,
     ``padding_idx`` counted like any id), and ``G = N * d^T d`` (embedding_size square), float32,
-    computed only while ``thor_flag`` is True in training mode. See ``ms_optim._thor.factors``.
+    computed only while ``thor_flag`` is True in training mode. See ``ms_optim._thor.net.factors``.
 
     Args:
         vocab_size (int), embedding_size (int), use_one_hot (bool), embedding_table (initializer),
@@ -299,7 +299,7 @@ class EmbeddingThor(ThorLayer):
     Raises:
         TypeError, ValueError: as ``nn.Embedding`` for bad arguments.
         ValueError: if a size or ``padding_idx`` does not fit int32, or ``embedding_table`` is a NaN or
-            infinite number (``ms_optim._thor.layer_args``).
+            infinite number (``ms_optim._thor.net.layer_args``).
     """
 
     spec = kinds.EMBEDDING

@@ -35,7 +35,7 @@ moved by at least ``omega_2`` is refreshed when its interval ``m_i`` (in THOR st
 the interval then doubles; one that moved by less than ``omega_2`` keeps its inverses. Thresholds 0
 re-invert every layer on every THOR step (the fixed schedule, bit for bit); very large thresholds
 keep the first inverses for the whole run. An inversion whose result is rejected (non-finite or
-inaccurate, see ``ms_optim._thor.preconditioner``) still counts as performed: the layer keeps its
+inaccurate, see ``ms_optim._thor.inversion.preconditioner``) still counts as performed: the layer keeps its
 previous inverse and ``T^last`` moves on.
 
 The decision is tensor arithmetic inside the optimizer's compiled step (no host round trip); the

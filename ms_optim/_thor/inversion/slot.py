@@ -14,10 +14,10 @@ import mindspore.common.dtype as mstype
 import numpy as np
 from mindspore import Parameter, Tensor, nn, ops
 
-from ms_optim._thor import device_rules as rules
-from ms_optim._thor import preconditioner as pc
-from ms_optim._thor.factors import stored_shape
-from ms_optim._thor.layers import ThorLayer
+from ms_optim._thor.inversion import device_rules as rules
+from ms_optim._thor.inversion import preconditioner as pc
+from ms_optim._thor.net.factors import stored_shape
+from ms_optim._thor.net.layers import ThorLayer
 
 __all__ = ["LayerSlot", "layer_inverses", "invert_layer"]
 
@@ -26,7 +26,7 @@ class LayerSlot(nn.Cell):
     """Everything the optimizer keeps about THOR layer ``index``, complete when built, read by GRAPH_MODE as
     constants.
 
-    * ``kind`` (a :class:`~ms_optim._thor.modes.Kind`) and ``is_embedding`` (A is a diagonal vector);
+    * ``a_diagonal``: A is kept as its diagonal (the spec's ``a_diagonal``: an embedding's id frequencies);
     * ``grad_index``: position of the layer's weight among the optimizer's parameters (the gradient
       the factor read waits for: the backward pass has stored the factors by then);
     * ``a_layout`` / ``g_layout``: the ``BlockLayout`` of A (None for an embedding's diagonal A)
@@ -45,14 +45,13 @@ class LayerSlot(nn.Cell):
                  rule: rules.InverseRule = rules.PLAIN_RULE, kernel: Optional[object] = None,
                  layerwise: bool = False):
         super().__init__(auto_prefix=False)  # keep the inverses' names as they are (checkpoints)
-        self.kind = layer.kind
-        self.is_embedding = bool(layer.spec.a_diagonal)
+        self.a_diagonal = bool(layer.spec.a_diagonal)
         self.grad_index = int(grad_index)
         self.g_layout = pc.BlockLayout(int(layer.g_dim), block_size)
         self.g_geom = self.g_layout.geom
         self.g_inv = Parameter(Tensor(pc.identity_blocks(self.g_layout)), name=f"matrix_g_inv_blocks_{index}",
                                requires_grad=False)
-        if self.is_embedding:
+        if self.a_diagonal:
             self.a_layout = None
             self.a_geom = (0, 0, 0)
             a_inv = np.ones((int(layer.a_dim),), np.float32)
@@ -61,7 +60,7 @@ class LayerSlot(nn.Cell):
             self.a_geom = self.a_layout.geom
             a_inv = pc.identity_blocks(self.a_layout)
         self.a_inv = Parameter(Tensor(a_inv), name=f"matrix_a_inv_blocks_{index}", requires_grad=False)
-        want = ((int(layer.a_dim),) if self.is_embedding else stored_shape(layer.a_dim, block_size),
+        want = ((int(layer.a_dim),) if self.a_diagonal else stored_shape(layer.a_dim, block_size),
                 stored_shape(layer.g_dim, block_size))
         if (tuple(layer.matrix_a_cov.shape), tuple(layer.matrix_g_cov.shape)) != want:
             raise ValueError(f"THOR layer {index} stores its factors as {tuple(layer.matrix_a_cov.shape)} "
@@ -74,6 +73,11 @@ class LayerSlot(nn.Cell):
         if layerwise:
             self._layerwise_constants(kernel)
 
+    def curvature(self, layer: ThorLayer) -> tuple:
+        """``(g_geom, a_geom, g_inv, a_inv, g_cov, a_cov)``: the slot its layer's spec's ``apply`` reads
+        (``net/curvature.py``), with ``layer``'s stored factors."""
+        return (self.g_geom, self.a_geom, self.g_inv, self.a_inv, layer.matrix_g_cov, layer.matrix_a_cov)
+
     def _layerwise_constants(self, kernel: Optional[object]) -> None:
         """What :func:`invert_layer` reads: with the fused CPU ``kernel`` (``MsOptimBlockInverseOut``) its
         plans, else the identity blocks and pad masks the composite inversion adds (a G under a special rule
@@ -81,11 +85,11 @@ class LayerSlot(nn.Cell):
         self.inverse_kernel = () if kernel is None else (kernel,)
         self.one = Tensor(1.0, mstype.float32)
         unused = Tensor(np.zeros((1,), np.float32))
-        fused_a = kernel is not None and not self.is_embedding
+        fused_a = kernel is not None and not self.a_diagonal
         self.g_fused = kernel is not None and self.g_rule == rules.INVERSE
         self.a_plan = self.a_layout.inverse_plan if fused_a else unused
         self.g_plan = self.g_layout.inverse_plan if self.g_fused else unused
-        composite_a = kernel is None and not self.is_embedding
+        composite_a = kernel is None and not self.a_diagonal
         self.a_eye, self.a_pad_eye = ((self.a_layout.eye, self.a_layout.pad_eye) if composite_a
                                       else (unused, unused))
         self.g_eye, self.g_pad_eye = ((unused, unused) if self.g_fused
@@ -93,7 +97,7 @@ class LayerSlot(nn.Cell):
 
 
 def _fused_inverse(slot: LayerSlot, factor, lam, plan, geom):
-    """``(inverse, ok)`` of one factor by the fused CPU op (the same numbers as ``_thor.grouped``'s)."""
+    """``(inverse, ok)`` of one factor by the fused CPU op (the same numbers as ``batched.py``'s)."""
     blocks = ops.reshape(ops.cast(factor, mstype.float32), (geom[1], geom[2], geom[2]))
     inverse, ok = slot.inverse_kernel[0](blocks, lam, slot.one, plan)
     return inverse, ops.reshape(ok, ()) > 0.5
@@ -104,7 +108,7 @@ def layer_inverses(slot: LayerSlot, a_factor, g_factor, lam):
     ``(A + lam I)^-1`` and ``(G + lam I)^-1`` (blocked; an embedding's A: ``1 / (a + lam)``), each ok if
     finite and accurate (``preconditioner.accept_inverse``); G by the convention's rule where it has one
     (``device_rules.special_g_inverse``: MindSpore GPU's embedding product, Ascend's identity)."""
-    if slot.is_embedding:
+    if slot.a_diagonal:
         new_a = pc.damped_diagonal_inverse(a_factor, lam)
         ok_a = ops.all(ops.isfinite(new_a))
     elif slot.inverse_kernel:

@@ -53,10 +53,10 @@ from typing import Dict, NamedTuple, Optional, Sequence, Tuple
 from mindspore import Parameter, Tensor, context, nn, ops
 from mindspore import dtype as mstype
 
-from ms_optim._thor.factor_kernels import factor_kernels
-from ms_optim._thor.kinds import KindSpec
 from ms_optim._thor.modes import Convention
-from ms_optim._thor.preconditioner import keep_if
+from ms_optim._thor.net.blocks import keep_if
+from ms_optim._thor.net.factor_kernels import factor_kernels
+from ms_optim._thor.net.kinds import KindSpec
 from ms_optim.optim._base import check_schedule_length
 
 __all__ = ["FactorTap", "TapSettings", "TapPool", "ScheduleGuard", "DEFAULT_BLOCK_SIZE", "DEFAULT_SETTINGS"]

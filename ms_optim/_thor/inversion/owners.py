@@ -1,6 +1,6 @@
 r"""THOR's inversions shared across data-parallel ranks (``thor(..., distribute_inverses=True)``).
 
-One layer's inversion is ``ms_optim._thor.slot.invert_layer``. Sharing (KAISA's idea, as in
+One layer's inversion is ``ms_optim._thor.inversion.slot.invert_layer``. Sharing (KAISA's idea, as in
 kfac-pytorch): under data parallelism every rank holds the same all-reduced factors, so by default
 every rank inverts every layer: R times the same work. With
 ``distribute_inverses=True`` and R > 1 ranks, each layer is inverted by ONE rank, its owner, and the
@@ -58,7 +58,7 @@ from typing import List, Optional, Sequence, Tuple
 import numpy as np
 from mindspore import Parameter, Tensor, nn, ops
 
-from ms_optim._thor import preconditioner as pc
+from ms_optim._thor.inversion import preconditioner as pc
 from ms_optim._thor.parallel import grouped_sum_allreduces
 
 __all__ = ["layout_cost", "layer_cost", "assign_inversions", "InverseSharing"]

@@ -32,7 +32,7 @@ pre-activation outputs, ``d = dL/ds`` the gradient reaching ``s`` in the backwar
   ``E_b[vec(dW_b) vec(dW_b)^T]`` of per-sample weight gradients ``dW_b``. (MindSpore's GPU layer
   averages the output gradients over the batch *before* the outer product, and its Ascend layer
   divides G by T; neither is the Fisher approximation the THOR paper states. Both are available as
-  ``thor(..., factor_convention="gpu"/"ascend")``: ``ms_optim._thor.conventions``.)
+  ``thor(..., factor_convention="gpu"/"ascend")``: ``ms_optim._thor.net.conventions``.)
 * Conv1d (``kind == "conv1d"``, group 1). ``nn.Conv1d`` runs ``Conv2D`` on its input with a height-1
   axis, with a ``(1, k)`` kernel, and so does ``Conv1dThor``: its factors are the Conv2d ones above of
   that 4-D convolution, T = L_out the output length, patches of size ``C_in*k``.

@@ -2,30 +2,35 @@ r"""THOR's layer kinds: one spec per kind holds everything THOR knows about it.
 
 A spec (a :class:`KindSpec`) gives, for one kind of layer:
 
-* Python side, read when a net is converted and when the optimizer is built: ``kind`` (a
-  ``modes.Kind``), the plain MindSpore type and ``supports(cell)`` (the structure rule), the weight
-  Parameter (``weight``), the factor sizes (``dims``: ``(a_dim, g_dim)``), whether A is kept as its
-  diagonal (``a_diagonal``), the gradient treatment (``treatment``, a ``modes.Treatment``), the
-  conventions under which a plain layer converts (``conventions``), the tap's static geometry
-  (``geometry``) and, once registered, its THOR layer class (``thor_class``);
-* graph side, called by the tap's backward pass (``taps.FactorTap``): A and G by composite ops
-  (``a_value``/``g_value``) or by the fused CPU ops (``a_fused``/``g_fused``, with the op the spec
-  names in ``a_op``/``g_op``), each in the normalisation of a factor convention: the formulas of
+* Python side, read when a net is converted and when the optimizer is built: ``kind`` (a ``modes.Kind``), the
+  plain MindSpore type and ``supports(cell)`` (the structure rule), the weight Parameter (``weight``), the
+  factor sizes (``dims``: ``(a_dim, g_dim)``), whether A is kept as its diagonal (``a_diagonal``), the
+  conventions under which a plain layer converts (``conventions``), the tap's static geometry (``geometry``),
+  how MindSpore's device rules treat it (``convolution``, ``gpu_g_rule``, ``ascend_identity_g_dim``,
+  ``ascend_max_scale``: ``inversion/device_rules.py`` reads these, never a kind's name) and, once registered,
+  its THOR layer class (``thor_class``);
+* graph side, how its factors are collected, called by the tap's backward pass (``taps.FactorTap``): A and G
+  by composite ops (``a_value``/``g_value``) or by the fused CPU ops (``a_fused``/``g_fused``, with the op the
+  spec names in ``a_op``/``g_op``), each in the normalisation of a factor convention: the formulas of
   ``factors.py`` times the kind's convention multipliers (``dense_scales``, ``conv_scales``,
-  ``embedding_scales`` below; the conventions themselves are documented in ``conventions.py``).
+  ``embedding_scales`` below; the conventions themselves are documented in ``conventions.py``);
+* graph side, how its curvature is applied, ``apply(slot, vector, power, step)`` (``curvature.py``: the
+  preconditioning with ``power=-1``, the product ``K v`` with ``power=+1``), the one way the optimizer, the
+  quadratic model and the damping rule use it.
 
 The specs are ``mindspore.jit_class`` instances without state of a layer: a tap passes its constants in
-(geometry, convention name, ``batch_size``, block width), so GRAPH_MODE parses one spec method for all
-the layers of a kind, and the constant arguments are folded where the graph is specialised.
+(geometry, convention name, ``batch_size``, block width), so GRAPH_MODE parses one spec method for all the
+layers of a kind, and the constant arguments are folded where the graph is specialised.
 
-A kind is added by a spec here and one line of registration, the ``@register`` decorator of its THOR
-layer class (``layers.py``), which links the two and lists the spec for the converter
-(:func:`registered`). ``Conv1dSpec`` is the example: a 1-D convolution is ``nn.Conv1d``'s own
-``Conv2D`` of the input with a height-1 axis, so its factors are those of a conv with a ``(1, k)``
-kernel and its spec differs from ``ConvSpec`` in its type and conventions only.
+A kind is added by a spec here and one line of registration, the ``@register`` decorator of its THOR layer
+class (``layers.py``), which links the two and lists the spec for the converter (:func:`registered`).
+``Conv1dSpec`` is the example: a 1-D convolution is ``nn.Conv1d``'s own ``Conv2D`` of the input with a
+height-1 axis, so its factors are those of a conv with a ``(1, k)`` kernel and its spec differs from
+``ConvSpec`` in its type and conventions.
 
-LayerNorm has no factors: :data:`LAYERNORM` names its parameters and its treatment (the optimizer's
-elementwise rule ``g / (g^2 / batch_size + sqrt(damping))``).
+Parameters of no THOR layer have a spec too, without factors: :data:`LAYERNORM` (``nn.LayerNorm``'s gamma and
+beta: the elementwise curvature ``g^2 / batch_size`` of their own gradient) and :data:`PLAIN` (everything
+else: no curvature; the gradient passes unchanged).
 """
 from __future__ import annotations
 
@@ -35,13 +40,19 @@ import mindspore.common.dtype as mstype
 from mindspore import Parameter, jit_class, nn, ops
 from mindspore.ops import constexpr
 
-from ms_optim._thor import factors as fm
-from ms_optim._thor.factor_kernels import count_plan_tensor, patch_plan_tensor, row_plan_tensor
-from ms_optim._thor.modes import Convention, Kind, Treatment
+from ms_optim._thor.modes import Convention, GRule, Kind
+from ms_optim._thor.net import factors as fm
+from ms_optim._thor.net.curvature import (
+    GradientSquareCurvature,
+    KroneckerCurvature,
+    NoCurvature,
+    RowDiagonalCurvature,
+)
+from ms_optim._thor.net.factor_kernels import count_plan_tensor, patch_plan_tensor, row_plan_tensor
 
-__all__ = ["KindSpec", "DenseSpec", "ConvSpec", "Conv1dSpec", "EmbeddingSpec", "LayerNormRule", "DENSE",
-           "CONV", "CONV1D", "EMBEDDING", "LAYERNORM", "register", "registered", "dense_scales",
-           "conv_scales", "embedding_scales"]
+__all__ = ["KindSpec", "DenseSpec", "ConvSpec", "Conv1dSpec", "EmbeddingSpec", "LayerNormSpec", "PlainSpec",
+           "DENSE", "CONV", "CONV1D", "EMBEDDING", "LAYERNORM", "PLAIN", "register", "registered",
+           "parameter_specs", "dense_scales", "conv_scales", "embedding_scales"]
 
 
 # ----------------------------------------------------------------------------- convention multipliers
@@ -112,8 +123,14 @@ class KindSpec:
     kind: str = ""
     plain_type: type = nn.Cell
     weight_name: str = "weight"
-    treatment: int = Treatment.MATRIX
     a_diagonal: bool = False
+    #: MindSpore's device rules (``inversion/device_rules.py``): a convolution (Ascend scales every Dense and
+    #: conv of a net with one), the G rule on GPU, the output count whose G Ascend replaces by the identity
+    #: (0: none), and whether Ascend's max-abs scale applies to it
+    convolution: bool = False
+    gpu_g_rule: str = GRule.INVERSE
+    ascend_identity_g_dim: int = 0
+    ascend_max_scale: bool = True
     conventions: Tuple[str, ...] = Convention.CONCRETE
     a_op: str = "row_gram"
     g_op: str = "row_gram"
@@ -159,11 +176,12 @@ class KindSpec:
 
 
 @jit_class
-class DenseSpec(KindSpec):
+class DenseSpec(KroneckerCurvature, KindSpec):
     """``nn.Dense``: rows ``(N, in)`` (leading dimensions flattened), ``A = a^T a / N``, ``G = N d^T d``."""
 
     kind = Kind.DENSE
     plain_type = nn.Dense
+    ascend_identity_g_dim = 2
 
     def dims(self, cell):
         return int(cell.in_channels), int(cell.out_channels)
@@ -184,7 +202,7 @@ class DenseSpec(KindSpec):
 
 
 @jit_class
-class ConvSpec(KindSpec):
+class ConvSpec(KroneckerCurvature, KindSpec):
     """``nn.Conv2d`` (group 1, NCHW): the im2col patches p, ``A = sum p p^T / (B*T)``, ``G = B sum d d^T``.
 
     ``geometry`` is ``(kernel_size, stride, dilation, pad_mode, padding)``, as ``factors.conv_a`` takes it.
@@ -192,6 +210,7 @@ class ConvSpec(KindSpec):
 
     kind = Kind.CONV
     plain_type = nn.Conv2d
+    convolution = True
     a_op = "patch_gram"
     g_op = "patch_gram"
 
@@ -240,7 +259,7 @@ class Conv1dSpec(ConvSpec):
 
 
 @jit_class
-class EmbeddingSpec(KindSpec):
+class EmbeddingSpec(RowDiagonalCurvature, KindSpec):
     """``nn.Embedding``: N ids, ``A = counts / N`` (kept as the diagonal), ``G = N d^T d``.
 
     ``geometry`` is ``(vocab_size,)``.
@@ -249,8 +268,9 @@ class EmbeddingSpec(KindSpec):
     kind = Kind.EMBEDDING
     plain_type = nn.Embedding
     weight_name = "embedding_table"
-    treatment = Treatment.EMBEDDING
     a_diagonal = True
+    gpu_g_rule = GRule.GPU_EMBEDDING
+    ascend_max_scale = False
     a_op = "id_counts"
 
     def dims(self, cell):
@@ -275,12 +295,13 @@ class EmbeddingSpec(KindSpec):
         return op(g_cov, ds, flag, row_plan_tensor(ds.shape, block_size, scale, False))
 
 
-class LayerNormRule:
-    """``nn.LayerNorm`` (and subclasses): no factors; its ``gamma`` and ``beta`` get the optimizer's
-    elementwise rule (``treatment``), in every convention."""
+@jit_class
+class LayerNormSpec(GradientSquareCurvature):
+    """``nn.LayerNorm`` (and subclasses): no factors; its ``gamma`` and ``beta`` get the elementwise curvature
+    ``g^2 / batch_size`` of their own gradient, in every convention."""
 
+    kind = "layernorm"
     plain_type = nn.LayerNorm
-    treatment = Treatment.LAYERNORM
 
     def supports(self, cell: nn.Cell) -> bool:
         return isinstance(cell, self.plain_type)
@@ -288,12 +309,26 @@ class LayerNormRule:
     def params(self, cell: nn.Cell) -> Tuple[Parameter, Parameter]:
         return cell.gamma, cell.beta
 
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(kind={self.kind!r})"
+
+
+@jit_class
+class PlainSpec(NoCurvature):
+    """Every trainable parameter of no THOR layer and no LayerNorm (biases, BatchNorm, ...): no curvature."""
+
+    kind = "plain"
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(kind={self.kind!r})"
+
 
 DENSE = DenseSpec()
 CONV = ConvSpec()
 CONV1D = Conv1dSpec()
 EMBEDDING = EmbeddingSpec()
-LAYERNORM = LayerNormRule()
+LAYERNORM = LayerNormSpec()
+PLAIN = PlainSpec()
 
 _REGISTERED: List[KindSpec] = []
 
@@ -313,3 +348,15 @@ def register(thor_class: type) -> type:
 def registered() -> Tuple[KindSpec, ...]:
     """The registered specs, in registration order (the order ``convert.thor_class_for`` tries them)."""
     return tuple(_REGISTERED)
+
+
+def parameter_specs(params, layers, cells) -> Tuple[Tuple[object, int], ...]:
+    """``(spec, layer index)`` of every Parameter of ``params``, in order: its THOR layer's spec and index
+    (``layers``: the converted layers), else :data:`LAYERNORM` for a gamma or beta of a LayerNorm among
+    ``cells``, else :data:`PLAIN` (index -1 for both)."""
+    role = {id(layer.weight_param()): (layer.spec, i) for i, layer in enumerate(layers)}
+    for cell in cells:
+        if LAYERNORM.supports(cell):
+            for param in LAYERNORM.params(cell):
+                role.setdefault(id(param), (LAYERNORM, -1))
+    return tuple(role.get(id(param), (PLAIN, -1)) for param in params)

@@ -1,6 +1,6 @@
 r"""MindSpore's device-specific inverse rules for ``factor_convention="gpu"`` and ``"ascend"``.
 
-``ms_optim._thor.conventions`` fixes the factors and the damping of a convention; this module holds
+``ms_optim._thor.net.conventions`` fixes the factors and the damping of a convention; this module holds
 what MindSpore's ``ThorGpu``/``ThorAscend`` then do to the *inverses*, as tensor functions of one
 layer (a ``LayerSlot`` ``slot``, built with its static rule, :func:`inverse_rules`):
 
@@ -18,7 +18,7 @@ layer (a ``LayerSlot`` ``slot``, built with its static rule, :func:`inverse_rule
   kept with the inverses. Here the ratio is folded into the stored G inverse (:func:`finish_inverses`)
   and a layer is refreshed as a whole (both inverses accepted, or both kept).
 
-Data parallel (``averaging.InverseAveraging``, R > 1 ranks): both MindSpore optimizers mean-all-reduce the
+Data parallel (``averaged.py``, R > 1 ranks): both MindSpore optimizers mean-all-reduce the
 *inverses* of each rank's local factors (Ascend its a_max and g_max too), not the factors. Each rank
 contributes, per layer, its accepted inverses (zeros if it rejected them) and ``[ok, a_max, g_max]``;
 the layer takes the means only if every rank accepted (mean ok == 1), else every rank keeps its stored
@@ -33,8 +33,9 @@ import mindspore.common.dtype as mstype
 import numpy as np
 from mindspore import Tensor, ops
 
-from ms_optim._thor import preconditioner as pc
-from ms_optim._thor.modes import Convention, GRule, Kind
+from ms_optim._thor.inversion import preconditioner as pc
+from ms_optim._thor.modes import Convention, GRule
+from ms_optim._thor.net.blocks import keep_if
 
 __all__ = ["INVERSE", "GPU_EMBEDDING", "IDENTITY", "INVERSE_AVERAGING", "InverseRule", "PLAIN_RULE",
            "averages_inverses", "check_distribute_inverses", "inverse_rules", "rule_constants",
@@ -84,18 +85,18 @@ def check_distribute_inverses(distribute: bool, convention: str, requested: str,
 
 
 def inverse_rules(layers: Sequence, convention: str) -> Tuple[InverseRule, ...]:
-    """Every THOR layer's :class:`InverseRule` under ``convention`` (``layers``: kind and
-    ``g_dim`` are read)."""
-    convs = (Kind.CONV, Kind.CONV1D)  # a Conv1dThor placed by hand computes its factors as a conv's
-    has_conv = any(layer.kind in convs for layer in layers)
+    """Every THOR layer's :class:`InverseRule` under ``convention``, from its spec's device-rule attributes
+    (``convolution``, ``gpu_g_rule``, ``ascend_identity_g_dim``, ``ascend_max_scale``) and its ``g_dim``."""
+    has_conv = any(layer.spec.convolution for layer in layers)
     rules = []
     for layer in layers:
-        if convention == Convention.GPU and layer.kind == Kind.EMBEDDING:
-            rules.append(InverseRule(GRule.GPU_EMBEDDING, False))
-        elif convention == Convention.ASCEND and layer.kind == Kind.DENSE and int(layer.g_dim) == 2:
+        spec = layer.spec
+        if convention == Convention.GPU and spec.gpu_g_rule != GRule.INVERSE:
+            rules.append(InverseRule(spec.gpu_g_rule, False))
+        elif convention == Convention.ASCEND and int(layer.g_dim) == spec.ascend_identity_g_dim:
             rules.append(InverseRule(GRule.IDENTITY, False))
         else:
-            max_scale = convention == Convention.ASCEND and has_conv and layer.kind in convs + (Kind.DENSE,)
+            max_scale = convention == Convention.ASCEND and has_conv and spec.ascend_max_scale
             rules.append(InverseRule(GRule.INVERSE, max_scale) if max_scale else PLAIN_RULE)
     return tuple(rules)
 
@@ -162,18 +163,18 @@ def finish_inverses(slot, new_a, ok_a, new_g, ok_g):
     """The inverses to store: per factor the new one if accepted, else the stored one; with
     ``slot.max_scale`` both or neither, G times ``max|Ginv| / max|Ainv|``."""
     if not slot.max_scale:
-        return pc.keep_if(ok_a, new_a, slot.a_inv), pc.keep_if(ok_g, new_g, slot.g_inv)
+        return keep_if(ok_a, new_a, slot.a_inv), keep_if(ok_g, new_g, slot.g_inv)
     ok = ops.logical_and(ok_a, ok_g)
     scaled = new_g * (abs_max(new_g, slot.g_keep) / abs_max(new_a, slot.a_keep))
-    return pc.keep_if(ok, new_a, slot.a_inv), pc.keep_if(ok, scaled, slot.g_inv)
+    return keep_if(ok, new_a, slot.a_inv), keep_if(ok, scaled, slot.g_inv)
 
 
 def contribution(slot, new_a, ok_a, new_g, ok_g):
     """One rank's share of a layer for :class:`InverseAveraging`: ``(Ainv, Ginv, [ok, a_max, g_max])``,
     zeros where the rank rejected its inverses (a select: no NaN passes)."""
     ok = ops.logical_and(ok_a, ok_g)
-    a_part = pc.keep_if(ok, new_a, ops.zeros_like(new_a))
-    g_part = pc.keep_if(ok, new_g, ops.zeros_like(new_g))
+    a_part = keep_if(ok, new_a, ops.zeros_like(new_a))
+    g_part = keep_if(ok, new_g, ops.zeros_like(new_g))
     a_max = g_max = ops.ones((), mstype.float32)
     if slot.max_scale:
         a_max, g_max = abs_max(a_part, slot.a_keep), abs_max(g_part, slot.g_keep)
@@ -186,4 +187,4 @@ def averaged_inverses(slot, mean_a, mean_g, mean_stats):
     ok = mean_stats[0] >= 1.0
     if slot.max_scale:
         mean_g = mean_g * (mean_stats[2] / mean_stats[1])
-    return pc.keep_if(ok, mean_a, slot.a_inv), pc.keep_if(ok, mean_g, slot.g_inv)
+    return keep_if(ok, mean_a, slot.a_inv), keep_if(ok, mean_g, slot.g_inv)

@@ -1,0 +1,138 @@
+"""What recipe-free THOR's step costs beside THOR's: ``bench_thor_adaptive.py --cost``.
+
+For one task (``_adaptive_tasks``), from the same initial weights and on the same batches, three compiled cells
+take turns step by step, so the machine's state is shared by all three: THOR (``--lrs[0]``, ``--dampings[0]``)
+and adaptive THOR (``thor(net, "adaptive", "adaptive", 0.9)``), each stepped by ``ms_optim.nn.TrainOneStepCell``
+with ``--frequency``, and the network's forward pass alone (training mode: the floor of the adaptive step's
+extra pass). Reported: the median of each over ``--cost-steps`` steps (the first, which compiles, left out; a
+whole number of THOR periods, so THOR steps and the others are in their proportion), the ratio of the adaptive
+step to THOR's, and the forward pass as a share of the adaptive step; then, with MindSpore's profiler over one
+THOR period of each cell, the kernels launched per step.
+"""
+from __future__ import annotations
+
+import csv
+import glob
+import os
+import statistics
+import tempfile
+import time
+from typing import Dict, List
+
+
+def _cells(task: Dict, args) -> Dict:
+    """The three cells of the comparison, each from the task's initial weights."""
+    import mindspore as ms
+    import numpy as np
+    from mindspore import Tensor
+
+    from ms_optim import nn as ms_nn
+
+    cells = {}
+    for kind in ("thor", "adaptive", "forward"):
+        ms.set_seed(args.seed)
+        _, net_with_loss = task["build"]()
+        if kind == "forward":
+            cells[kind] = net_with_loss.set_train()
+            continue
+        if kind == "thor":
+            opt = ms_nn.thor(net_with_loss, Tensor(np.float32(args.lrs[0])), Tensor(np.float32(args.dampings[0])),
+                             0.9, batch_size=task["batch"], frequency=args.frequency)
+        else:
+            opt = ms_nn.thor(net_with_loss, "adaptive", "adaptive", 0.9, batch_size=task["batch"],
+                             frequency=args.frequency)
+        cells[kind] = ms_nn.TrainOneStepCell(net_with_loss, opt).set_train()
+    return cells
+
+
+def _kernels_per_step(cell, batches, steps: int) -> float:
+    """Kernels launched per step by ``cell`` over ``steps`` steps (MindSpore's profiler, CPU op statistics)."""
+    from mindspore import Profiler
+
+    folder = tempfile.mkdtemp(prefix="ms_optim_kernels_")
+    profiler = Profiler(output_path=folder)
+    for i in range(steps):
+        cell(*batches[i % len(batches)]).asnumpy()
+    profiler.stop()
+    profiler.analyse()
+    launched = 0
+    for path in glob.glob(os.path.join(folder, "**", "cpu_op_type_info_*.csv"), recursive=True):
+        with open(path, encoding="utf-8") as handle:
+            launched += sum(int(row["type_occurrences"]) for row in csv.DictReader(handle))
+    return launched / steps
+
+
+def measure_cost(task: Dict, args) -> Dict:
+    """The cost record of one task (module docstring)."""
+    from mindspore import Tensor
+
+    batches = [tuple(Tensor(x) for x in batch) for batch in task["batches"]]
+    cells = _cells(task, args)
+    times: Dict[str, List[float]] = {kind: [] for kind in cells}
+    periods = max(1, args.cost_steps // args.frequency)
+    for i in range(periods * args.frequency + 1):
+        batch = batches[i % len(batches)]
+        for kind, cell in cells.items():
+            start = time.perf_counter()
+            out = cell(*batch)
+            out.asnumpy()
+            times[kind].append(time.perf_counter() - start)
+    median = {kind: statistics.median(values[1:]) for kind, values in times.items()}
+    kernels = {kind: _kernels_per_step(cells[kind], batches, args.frequency) for kind in ("thor", "adaptive")}
+    return {"task": task["name"], "steps": len(times["thor"]) - 1,
+            "step_ms": {kind: 1e3 * value for kind, value in median.items()},
+            "adaptive_vs_thor": median["adaptive"] / median["thor"],
+            "forward_share_of_adaptive": median["forward"] / median["adaptive"],
+            "kernels_per_step": kernels}
+
+
+def cost_main(args, build_task) -> int:
+    """``--cost``: adaptive THOR's step against THOR's on every task (``_adaptive_cost.py``), JSON and PNG."""
+    from benchmarks._common import write_json
+
+    wall = time.perf_counter()
+    records = []
+    for name in args.tasks:
+        record = measure_cost(build_task(name, args), args)
+        records.append(record)
+        ms_ = record["step_ms"]
+        print(f"{name:6s} THOR {ms_['thor']:7.2f} ms, adaptive {ms_['adaptive']:7.2f} ms "
+              f"({record['adaptive_vs_thor']:.2f}x), forward {ms_['forward']:6.2f} ms "
+              f"({100 * record['forward_share_of_adaptive']:.0f}% of the adaptive step); kernels per step: THOR "
+              f"{record['kernels_per_step']['thor']:.0f}, adaptive {record['kernels_per_step']['adaptive']:.0f}",
+              flush=True)
+    settings = {k: v for k, v in vars(args).items() if k != "out"}
+    write_json(args.out + ".json", {"settings": settings, "wall_seconds": time.perf_counter() - wall,
+                                    "tasks": records})
+    plot_cost(args.out + ".png", records, args)
+    print(f"wrote {args.out}.json and {args.out}.png")
+    return 0
+
+
+def plot_cost(path: str, records: List[Dict], args) -> None:
+    """Bars per task: THOR's step, the adaptive step split into its forward pass and the rest."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from benchmarks._common import save_figure
+
+    fig, ax = plt.subplots(figsize=(6.4, 3.6))
+    names = [r["task"] for r in records]
+    xs = range(len(records))
+    thor = [r["step_ms"]["thor"] for r in records]
+    forward = [r["step_ms"]["forward"] for r in records]
+    rest = [r["step_ms"]["adaptive"] - f for r, f in zip(records, forward)]
+    ax.bar([x - 0.2 for x in xs], thor, 0.4, label="THOR step", color="#DD8452")
+    ax.bar([x + 0.2 for x in xs], rest, 0.4, label="adaptive step without its extra forward", color="#C44E52")
+    ax.bar([x + 0.2 for x in xs], forward, 0.4, bottom=rest, label="its extra forward pass", color="#E8A0A2")
+    for x, r in zip(xs, records):
+        ax.text(x + 0.2, r["step_ms"]["adaptive"], f"{r['adaptive_vs_thor']:.2f}x", ha="center", va="bottom",
+                fontsize=8)
+    ax.set_xticks(list(xs), names)
+    ax.set_ylabel("median step (ms)")
+    ax.set_title(f"adaptive THOR's step against THOR's (frequency {args.frequency}, {records[0]['steps']} steps)",
+                 fontsize=9)
+    ax.legend(fontsize=7)
+    save_figure(fig, path)

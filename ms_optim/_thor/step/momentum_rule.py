@@ -1,0 +1,145 @@
+r"""The step rule of a learning-rate schedule: THOR's momentum update, as MindSpore's THOR makes it.
+
+On step ``t`` with ``g`` the gradients (divided by the loss scale) and ``u`` their preconditioning (each
+parameter's spec's ``apply(-1)``: ``G^-1 g A^-1`` and the other kinds' rules):
+
+.. code-block:: text
+
+    if kl_clip is not None:  u <- nu u for every parameter       (``kl_clip.py``)
+    u     <- u + weight_decay * w          where decay_filter(w)
+    u     <- u / max(||u||_2, 1)           per tensor, if enable_clip_grad
+    accum <- momentum * accum + u
+    w     <- w - lr[t] * accum             (Nesterov: w <- w - lr[t] * (u + momentum * accum))
+
+With ``damping="adaptive"`` the damping rule needs, after every adaptation step, the change the quadratic
+model predicts for the update the step made, ``delta = -lr[t] accum``: ``q = <g, delta> + 1/2 K(delta,
+delta)`` (``quad_model.change`` of the one-direction model over ``delta``: the Kronecker curvature of the
+stored factors without the damping, as kfac-jax measures its ratio, and without weight decay, which the
+measured loss has not). :meth:`MomentumRule.finish` then takes the step's loss ``L0`` and the loss ``L1`` on
+the same batch after it (the training cell's extra forward pass), averages ``(L0, L1, q)`` over the
+data-parallel ranks, and hands ``rho = (L1 - L0) / q`` (``FAILED_RATIO`` when not finite) to the damping
+rule's ``adapt``.
+"""
+from __future__ import annotations
+
+import mindspore.common.dtype as mstype
+from mindspore import Tensor, nn, ops
+from mindspore.ops import functional as F
+from mindspore.ops import operations as P
+
+from ms_optim._thor.config import ThorConfig
+from ms_optim._thor.modes import Mode
+from ms_optim._thor.parallel import RankMean
+from ms_optim._thor.step import quad_model as qm
+from ms_optim._thor.step.damping import FAILED_RATIO, unresolved
+from ms_optim._thor.step.kl_clip import apply_kl_clip
+from ms_optim._thor.step.table import ParameterTable
+from ms_optim._thor.step.update import (
+    apply_decay,
+    clip_to_unit_norm,
+    curvature_product,
+    momentum_step,
+    nesterov_step,
+    precondition,
+    scale,
+    sequential_step,
+)
+
+__all__ = ["MomentumRule"]
+
+
+class MomentumRule(nn.Cell):
+    """THOR's update at the learning rate of the schedule (module docstring).
+
+    Args:
+        config (ThorConfig): the settings (weight decay, clipping, KL clip, Nesterov, the damping's mode).
+        table (ParameterTable): the trainable parameters' specs, slots and flags.
+        moments (ParameterTuple): the momentum accumulations (``moments.<name>``).
+        momentum (Parameter): the momentum coefficient.
+        damping_rule (Cell): the damping rule (its ``predicted`` and ``adapt`` with ``damping="adaptive"``).
+
+    ``rule(params, gradients, lr, context)`` makes the update and returns its token;
+    ``rule.finish(loss_before, loss_after)`` runs after the training cell's extra pass on the steps
+    ``rule.probe_due`` names.
+    """
+
+    def __init__(self, config: ThorConfig, table: ParameterTable, moments, momentum, damping_rule: nn.Cell):
+        super().__init__(auto_prefix=False)
+        self.table = table
+        self.applies, self.slots, self.decay_flags = table.applies, table.slots, table.decay_flags
+        self.moments = moments
+        self.momentum = momentum
+        self.opt = P.ApplyMomentum()
+        self.hyper_map = ops.HyperMap()
+        self.weight_decay = Tensor(config.weight_decay, mstype.float32)
+        self.apply_weight_decay = config.weight_decay > 0
+        self.use_nesterov = config.use_nesterov
+        self.enable_clip_grad = config.enable_clip_grad
+        self.kl_clip = None if config.kl_clip is None else Tensor(config.kl_clip, mstype.float32)
+        # one parameter after the other (precondition, decay, momentum) unless a rule needs all gradients at
+        # once
+        self.sequential = config.kl_clip is None and not config.enable_clip_grad and not config.use_nesterov
+        self.measures = config.damping_mode == Mode.ADAPTIVE
+        self.damping_rule = damping_rule
+        if self.measures:
+            # the model of the damping's predicted change: one direction, no weight decay
+            self.chunks = qm.chunk_plan(table.sizes, (False,) * len(table.sizes), table.curved)
+            self.mean_over_ranks = RankMean(config.ranks)
+            self.failed = Tensor(FAILED_RATIO, mstype.float32)
+
+    def _staged(self, params, gradients, lr, context):
+        """Precondition every gradient, then the rules that read all of them (KL clip, unit-norm clip), decay
+        and the momentum (or Nesterov) steps."""
+        raw_gradients = gradients
+        gradients = self.hyper_map(F.partial(precondition, context), self.applies, self.slots, gradients)
+        if self.kl_clip is not None:
+            gradients = apply_kl_clip(gradients, raw_gradients, lr, self.kl_clip)
+        if self.apply_weight_decay:
+            gradients = self.hyper_map(F.partial(apply_decay, self.weight_decay), self.decay_flags, params,
+                                       gradients)
+        if self.enable_clip_grad:
+            gradients = self.hyper_map(clip_to_unit_norm, gradients)
+        if self.use_nesterov:
+            return self.hyper_map(F.partial(nesterov_step, self.momentum, lr), gradients, params,
+                                  self.moments)
+        return self.hyper_map(F.partial(momentum_step, self.opt, self.momentum, lr), gradients, params,
+                              self.moments)
+
+    def construct(self, params, gradients, lr, context, step):
+        if self.sequential:
+            update = (self.opt, self.momentum, lr, self.weight_decay if self.apply_weight_decay else None)
+            success = self.hyper_map(F.partial(sequential_step, update, context), self.applies, self.slots,
+                                     self.decay_flags, gradients, params, self.moments)
+        else:
+            success = self._staged(params, gradients, lr, context)
+        if self.measures:
+            if self.damping_rule.due_after(step + 1):
+                success = F.depend(success, self._predict(params, gradients, lr, context, success))
+        return success
+
+    def _predict(self, params, gradients, lr, context, success):
+        """q of the update just made (module docstring), stored in the damping rule's ``predicted``."""
+        moments = F.depend(self.moments, success)
+        lr32 = -ops.reshape(ops.cast(lr, mstype.float32), ())
+        deltas = self.hyper_map(F.partial(scale, lr32), moments)
+        products = self.hyper_map(F.partial(curvature_product, context), self.applies, self.slots, gradients,
+                                  deltas)
+        model = qm.build((deltas,), gradients, params, (products,), self.chunks, self.weight_decay)
+        return ops.assign(self.damping_rule.predicted, qm.change(model))
+
+    def probe_due(self, global_step):
+        """Whether the step just taken (``global_step``: its successor's index) needs the loss after it."""
+        return self.damping_rule.due_after(global_step)
+
+    def finish(self, loss_before, loss_after, global_step):
+        """The reduction ratio of the adaptation step just taken, and the damping's update (module
+        docstring)."""
+        values = ops.stack([ops.reshape(ops.cast(loss_before, mstype.float32), ()),
+                            ops.reshape(ops.cast(loss_after, mstype.float32), ()),
+                            self.damping_rule.predicted * 1.0])
+        values = self.mean_over_ranks(values)
+        change = values[1] - values[0]
+        ratio = change / values[2]
+        ratio = ops.select(ops.isfinite(ratio), ratio, self.failed)
+        noise = unresolved(change, values[2], values[0], values[1])
+        return self.damping_rule.adapt(ratio, change, values[2], noise)

@@ -1,0 +1,136 @@
+r"""THOR's per-parameter rules, mapped over the parameters with ``hyper_map``: preconditioning and the
+curvature product (each parameter's spec's ``apply``), weight decay, unit-norm clipping, momentum, and the
+quadratic rule's trial and final moves.
+
+The momentum rule (``momentum_rule.py``) runs them in one of two ways, same numbers:
+
+* staged: the preconditioned gradients of every parameter, then the decay of every parameter, then the
+  momentum steps (needed when a rule reads all of them: ``kl_clip``, ``enable_clip_grad``; and for Nesterov);
+* :data:`sequential_step` otherwise: for each parameter in turn, precondition, decay and momentum step, with
+  the parameter's preconditioning waiting for the previous parameter's update, so that one preconditioned
+  gradient is alive at a time instead of a second gradient-sized set at the step's peak.
+
+.. code-block:: text
+
+    g     <- g + weight_decay * w          where the decay filter keeps w (and weight_decay > 0)
+    accum <- momentum * accum + g
+    w     <- w - lr * accum                (Nesterov: w <- w - lr * (g + momentum * accum))
+"""
+from __future__ import annotations
+
+import mindspore.common.dtype as mstype
+from mindspore import ops
+from mindspore.ops import composite as C
+from mindspore.ops import functional as F
+
+__all__ = ["precondition", "curvature_product", "apply_decay", "clip_to_unit_norm", "momentum_step",
+           "nesterov_step", "sequential_step", "scale", "take_trial", "take_final", "write_flag"]
+
+precondition = C.MultitypeFuncGraph("thor_precondition")
+curvature_product = C.MultitypeFuncGraph("thor_curvature_product")
+apply_decay = C.MultitypeFuncGraph("thor_apply_decay")
+clip_to_unit_norm = C.MultitypeFuncGraph("thor_clip_to_unit_norm")
+momentum_step = C.MultitypeFuncGraph("thor_momentum_step")
+nesterov_step = C.MultitypeFuncGraph("thor_nesterov_step")
+sequential_step = C.MultitypeFuncGraph("thor_sequential_step")
+scale = C.MultitypeFuncGraph("thor_scale")
+take_trial = C.MultitypeFuncGraph("thor_take_trial")
+take_final = C.MultitypeFuncGraph("thor_take_final")
+write_flag = C.MultitypeFuncGraph("thor_write_flag")
+
+
+@precondition.register("Tuple", "Function", "Tuple", "Tensor")
+def _precondition_tensor(context, apply, slot, gradient):
+    """One parameter's preconditioned gradient: its spec's ``apply(slot, g, -1, context + (g,))``
+    (``net/curvature.py``; ``context = (kernel, lam, g_unscale, batch_size)``)."""
+    return apply(slot, gradient, -1, context + (gradient,))
+
+
+@curvature_product.register("Tuple", "Function", "Tuple", "Tensor", "Tensor")
+def _curvature_product_tensor(context, apply, slot, gradient, vector):
+    """``K v`` of one parameter: its spec's ``apply(slot, v, +1, context + (g,))``."""
+    return apply(slot, vector, 1, context + (gradient,))
+
+
+@apply_decay.register("Tensor", "Bool", "Tensor", "Tensor")
+def _apply_decay_tensor(weight_decay, decay, weight, gradient):
+    """g + wd * w where the decay filter keeps the parameter."""
+    if decay:
+        return gradient + weight_decay * ops.cast(weight, F.dtype(gradient))
+    return gradient
+
+
+@clip_to_unit_norm.register("Tensor")
+def _clip_to_unit_norm_tensor(gradient):
+    """Per-tensor clip to L2 norm 1: g / max(||g||, 1)."""
+    norm = ops.sqrt(ops.reduce_sum(ops.square(ops.cast(gradient, mstype.float32))))
+    scale = ops.cast(ops.reciprocal(ops.maximum(norm, 1.0)), F.dtype(gradient))
+    return gradient * scale
+
+
+@momentum_step.register("Function", "Tensor", "Tensor", "Tensor", "Tensor", "Tensor")
+def _momentum_step_tensor(opt, momentum, learning_rate, gradient, weight, moment):
+    """accum = m * accum + g; w -= lr * accum (the fused ApplyMomentum kernel)."""
+    return F.depend(True, opt(weight, moment, learning_rate, gradient, momentum))
+
+
+@nesterov_step.register("Tensor", "Tensor", "Tensor", "Tensor", "Tensor")
+def _nesterov_step_tensor(momentum, learning_rate, gradient, weight, moment):
+    """accum = m * accum + g; w -= lr * (g + m * accum). Written out: ``ApplyMomentum(use_nesterov=True)``'s
+    CPU kernel in MindSpore 2.10 ignores the flag (it performs the plain momentum update)."""
+    gradient = ops.cast(gradient, F.dtype(moment))
+    accum = momentum * moment + gradient
+    done = ops.assign(moment, accum)
+    update = ops.cast(learning_rate * (gradient + momentum * accum), F.dtype(weight))
+    return F.depend(True, F.depend(ops.assign_sub(weight, update), done))
+
+
+@sequential_step.register("Tuple", "Tuple", "Function", "Tuple", "Bool", "Tensor", "Tensor", "Tensor")
+def _sequential_step_tensor(update, context, apply, slot, decay, gradient, weight, moment):
+    """One parameter: :data:`precondition`, :data:`apply_decay`, :data:`momentum_step`.
+
+    ``update = (opt, momentum, learning_rate, weight_decay or None)``; ``context``, ``apply`` and ``slot`` as
+    :data:`precondition`'s. The momentum steps are side effects, run in parameter order, and each parameter's
+    reads of its inverses (or of its weight, for the decay) are ordered after the previous step, so one
+    preconditioned gradient is alive at a time. (A depend of the gradient on the moment Parameter itself
+    ordered nothing: a Parameter is no node of the execution order.)
+    """
+    opt, momentum, learning_rate, weight_decay = update
+    gradient = precondition(context, apply, slot, gradient)
+    if weight_decay is not None:
+        gradient = apply_decay(weight_decay, decay, weight, gradient)
+    return momentum_step(opt, momentum, learning_rate, gradient, weight, moment)
+
+
+@scale.register("Tensor", "Tensor")
+def _scale_tensor(factor, value):
+    """``factor * value`` in float32."""
+    return factor * ops.cast(value, mstype.float32)
+
+
+@take_trial.register("Tensor", "Tensor", "Tensor", "Tensor", "Tensor", "Tensor")
+def _take_trial_tensor(a0, b0, direction, weight, previous, stored):
+    """``x = -u`` into ``stored``; ``w += a0 x + b0 y`` (``u``: the preconditioned ``direction``, ``y``: the
+    previous update)."""
+    x = -ops.cast(direction, mstype.float32)
+    kept = ops.assign(stored, ops.cast(x, F.dtype(stored)))
+    step = a0 * x + b0 * ops.cast(previous, mstype.float32)
+    return F.depend(True, F.depend(ops.assign_add(weight, ops.cast(step, F.dtype(weight))), kept))
+
+
+@take_final.register("Tensor", "Tensor", "Tensor", "Tensor", "Tensor", "Tensor", "Tensor")
+def _take_final_tensor(a0, b0, alpha, beta, stored, weight, previous):
+    """``w += (alpha - a0) x + (beta - b0) y``; ``y <- alpha x + beta y`` (``x`` from ``stored``)."""
+    x = ops.cast(stored, mstype.float32)
+    y = ops.cast(previous, mstype.float32)
+    correction = (alpha - a0) * x + (beta - b0) * y
+    moved = ops.assign_add(weight, ops.cast(correction, F.dtype(weight)))
+    step = ops.depend(alpha * x + beta * y, moved)
+    return F.depend(True, ops.assign(previous, ops.cast(step, F.dtype(previous))))
+
+
+@write_flag.register("Tensor", "Tensor")
+def _write_flag_tensor(value, flag):
+    """A layer's ``thor_flag`` <- ``value``: one ``hyper_map`` over the layers' flags at the end of the step
+    (an unrolled loop of assignments keeps a larger compiled graph)."""
+    return ops.assign(flag, value)
