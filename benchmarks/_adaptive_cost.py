@@ -1,13 +1,15 @@
 """What recipe-free THOR's step costs beside THOR's: ``bench_thor_adaptive.py --cost``.
 
-For one task (``_adaptive_tasks``), from the same initial weights and on the same batches, three compiled cells
-take turns step by step, so the machine's state is shared by all three: THOR (``--lrs[0]``, ``--dampings[0]``)
-and adaptive THOR (``thor(net, "adaptive", "adaptive", 0.9)``), each stepped by ``ms_optim.nn.TrainOneStepCell``
-with ``--frequency``, and the network's forward pass alone (training mode: the floor of the adaptive step's
-extra pass). Reported: the median of each over ``--cost-steps`` steps (the first, which compiles, left out; a
-whole number of THOR periods, so THOR steps and the others are in their proportion), the ratio of the adaptive
-step to THOR's, and the forward pass as a share of the adaptive step; then, with MindSpore's profiler over one
-THOR period of each cell, the kernels launched per step.
+For one task (``_adaptive_tasks``), from the same initial weights and on the same batches, four compiled cells take
+turns step by step, so the machine's state is shared by all of them: THOR (``--lrs[0]``, ``--dampings[0]``) and
+adaptive THOR (``thor(net, "adaptive", "adaptive", 0.9)``), each stepped by ``ms_optim.nn.TrainOneStepCell``
+with ``--frequency``, and the network's loss and gradients without an optimizer, every weight then written (by
+zero, as the trial writes them), once as they are and once followed by the second forward pass the adaptive
+step runs: their difference is that extra pass, the floor of the adaptive step's cost beside THOR's. Reported:
+the median of each over ``--cost-steps`` steps (the first, which compiles, left out; a whole number of THOR
+periods, so THOR steps and the others are in their proportion), the ratio of the adaptive step to THOR's, the
+extra forward pass as a share of THOR's step, and the ratio without it; then, with MindSpore's profiler over one
+THOR period of each optimizer, the kernels launched per step.
 """
 from __future__ import annotations
 
@@ -20,8 +22,41 @@ import time
 from typing import Dict, List
 
 
+class _Gradients:
+    """``(loss, grads)`` of a network (``twice``: then its loss again, as the adaptive step's extra pass)."""
+
+    def __new__(cls, net_with_loss, twice: bool):
+        from mindspore import ParameterTuple, nn, ops
+        from mindspore.ops import composite
+
+        _touch = composite.MultitypeFuncGraph("touch")
+
+        @_touch.register("Tensor", "Tensor")
+        def _touch_tensor(weight, grad):
+            return ops.assign_add(weight, ops.zeros_like(weight) * ops.reduce_sum(grad) * 0.0)
+
+        class Cell(nn.Cell):
+            def __init__(self):
+                super().__init__()
+                self.network = net_with_loss
+                self.weights = ParameterTuple(net_with_loss.trainable_params())
+                self.hyper_map = ops.HyperMap()
+
+            def construct(self, *inputs):
+                loss, grads = ops.value_and_grad(self.network, None, self.weights)(*inputs)
+                loss = ops.depend(loss, grads)  # the backward pass runs, as in a training step
+                # every weight written (by zero), as the trial writes them: the second forward reads them anew
+                # rather than reusing the first one's results
+                moved = ops.depend(inputs[0], self.hyper_map(_touch, self.weights, grads))
+                if twice:
+                    loss = loss + ops.value_and_grad(self.network, None, self.weights)(moved, *inputs[1:])[0]
+                return ops.depend(loss, moved)
+
+        return Cell().set_train()
+
+
 def _cells(task: Dict, args) -> Dict:
-    """The three cells of the comparison, each from the task's initial weights."""
+    """The cells of the comparison, each from the task's initial weights."""
     import mindspore as ms
     import numpy as np
     from mindspore import Tensor
@@ -29,11 +64,11 @@ def _cells(task: Dict, args) -> Dict:
     from ms_optim import nn as ms_nn
 
     cells = {}
-    for kind in ("thor", "adaptive", "forward"):
+    for kind in ("thor", "adaptive", "gradients", "gradients_and_forward"):
         ms.set_seed(args.seed)
         _, net_with_loss = task["build"]()
-        if kind == "forward":
-            cells[kind] = net_with_loss.set_train()
+        if kind.startswith("gradients"):
+            cells[kind] = _Gradients(net_with_loss, kind != "gradients")
             continue
         if kind == "thor":
             opt = ms_nn.thor(net_with_loss, Tensor(np.float32(args.lrs[0])), Tensor(np.float32(args.dampings[0])),
@@ -78,11 +113,13 @@ def measure_cost(task: Dict, args) -> Dict:
             out.asnumpy()
             times[kind].append(time.perf_counter() - start)
     median = {kind: statistics.median(values[1:]) for kind, values in times.items()}
+    forward = max(0.0, median["gradients_and_forward"] - median["gradients"])
     kernels = {kind: _kernels_per_step(cells[kind], batches, args.frequency) for kind in ("thor", "adaptive")}
     return {"task": task["name"], "steps": len(times["thor"]) - 1,
-            "step_ms": {kind: 1e3 * value for kind, value in median.items()},
+            "step_ms": {**{kind: 1e3 * value for kind, value in median.items()}, "forward": 1e3 * forward},
             "adaptive_vs_thor": median["adaptive"] / median["thor"],
-            "forward_share_of_adaptive": median["forward"] / median["adaptive"],
+            "forward_share_of_thor": forward / median["thor"],
+            "adaptive_vs_thor_without_forward": (median["adaptive"] - forward) / median["thor"],
             "kernels_per_step": kernels}
 
 
@@ -97,8 +134,9 @@ def cost_main(args, build_task) -> int:
         records.append(record)
         ms_ = record["step_ms"]
         print(f"{name:6s} THOR {ms_['thor']:7.2f} ms, adaptive {ms_['adaptive']:7.2f} ms "
-              f"({record['adaptive_vs_thor']:.2f}x), forward {ms_['forward']:6.2f} ms "
-              f"({100 * record['forward_share_of_adaptive']:.0f}% of the adaptive step); kernels per step: THOR "
+              f"({record['adaptive_vs_thor']:.2f}x), its extra forward pass {ms_['forward']:6.2f} ms "
+              f"({100 * record['forward_share_of_thor']:.0f}% of THOR's step; without it "
+              f"{record['adaptive_vs_thor_without_forward']:.2f}x); kernels per step: THOR "
               f"{record['kernels_per_step']['thor']:.0f}, adaptive {record['kernels_per_step']['adaptive']:.0f}",
               flush=True)
     settings = {k: v for k, v in vars(args).items() if k != "out"}

@@ -169,34 +169,67 @@ extern "C" int MsOptimIdCounts(int nparam, void **params, int *ndims, int64_t **
   return Finish(params, counts, out);
 }
 
-// THOR's preconditioned gradient G^-1 g A^-1 of a Dense or conv weight gradient g (out, ...) float32, read as
-// the (out, k) matrix of its first axis against the others (a conv kernel: k = in*kh*kw), with the inverses
-// stored as diagonal blocks g_inv (ng, bg, bg) and a_inv (na, ba, ba) (the last block's padding is not read: the
-// padded rows and columns of g would be zero); output float32 in g's shape.
-extern "C" int MsOptimBlockPrecondition(int nparam, void **params, int *ndims, int64_t **shapes,
-                                        const char **dtypes, void * /*stream*/, void * /*extra*/) {
-  if (nparam != 4 || ndims[0] < 2 || ndims[1] != 3 || ndims[2] != 3 || g_sgemm == nullptr) return 1;
-  if (!Is(dtypes[0], "float32") || !Is(dtypes[1], "float32") || !Is(dtypes[2], "float32")) return 1;
+// The product L g R of a Dense or conv weight's vector g (out, ...) float32, read as the (out, k) matrix of its
+// first axis against the others (a conv kernel: k = in*kh*kw), with L and R stored as diagonal blocks
+// (nblocks, bs, bs), or as one (n, n) block (the last block's padding is not read: the padded rows and columns of
+// g would be zero), times scale; output float32 in g's shape. Returns false when the inputs do not fit.
+namespace {
+
+bool Blocks(int index, int *ndims, int64_t **shapes, int64_t *nblocks, int64_t *bs) {
+  if (ndims[index] == 3) {
+    *nblocks = shapes[index][0];
+    *bs = shapes[index][1];
+    return shapes[index][2] == *bs;
+  }
+  if (ndims[index] == 2) {
+    *nblocks = 1;
+    *bs = shapes[index][0];
+    return shapes[index][1] == *bs;
+  }
+  return false;
+}
+
+bool BlockProduct(void **params, int *ndims, int64_t **shapes, const char **dtypes, float scale, float *out) {
+  if (ndims[0] < 2 || g_sgemm == nullptr) return false;
+  if (!Is(dtypes[0], "float32") || !Is(dtypes[1], "float32") || !Is(dtypes[2], "float32")) return false;
   const int64_t rows = shapes[0][0];
   int64_t cols = 1;
   for (int d = 1; d < ndims[0]; ++d) cols *= shapes[0][d];
-  const int64_t ng = shapes[1][0], bg = shapes[1][1], na = shapes[2][0], ba = shapes[2][1];
-  if (ng * bg < rows || na * ba < cols) return 1;
+  int64_t ng = 0, bg = 0, na = 0, ba = 0;
+  if (!Blocks(1, ndims, shapes, &ng, &bg) || !Blocks(2, ndims, shapes, &na, &ba)) return false;
+  if (ng * bg < rows || na * ba < cols) return false;
   const float *g = static_cast<const float *>(params[0]);
-  const float *g_inv = static_cast<const float *>(params[1]);
-  const float *a_inv = static_cast<const float *>(params[2]);
-  float *out = static_cast<float *>(params[3]);
+  const float *left_blocks = static_cast<const float *>(params[1]);
+  const float *right_blocks = static_cast<const float *>(params[2]);
   std::unique_ptr<float[]> left(new float[rows * cols]);  // written whole by the first products
   for (int64_t i = 0; i < ng && i * bg < rows; ++i) {
     const int64_t r0 = i * bg, w = std::min(bg, rows - r0);
-    g_sgemm('N', 'N', w, cols, w, 1.0f, g_inv + i * bg * bg, bg, g + r0 * cols, cols, 0.0f, left.get() + r0 * cols,
-            cols);
+    g_sgemm('N', 'N', w, cols, w, 1.0f, left_blocks + i * bg * bg, bg, g + r0 * cols, cols, 0.0f,
+            left.get() + r0 * cols, cols);
   }
   for (int64_t j = 0; j < na && j * ba < cols; ++j) {
     const int64_t c0 = j * ba, w = std::min(ba, cols - c0);
-    g_sgemm('N', 'N', rows, w, w, 1.0f, left.get() + c0, cols, a_inv + j * ba * ba, ba, 0.0f, out + c0, cols);
+    g_sgemm('N', 'N', rows, w, w, scale, left.get() + c0, cols, right_blocks + j * ba * ba, ba, 0.0f, out + c0,
+            cols);
   }
-  return 0;
+  return true;
+}
+
+}  // namespace
+
+// THOR's preconditioned gradient G^-1 g A^-1 (inputs g, g_inv, a_inv; the stored inverse blocks).
+extern "C" int MsOptimBlockPrecondition(int nparam, void **params, int *ndims, int64_t **shapes,
+                                        const char **dtypes, void * /*stream*/, void * /*extra*/) {
+  if (nparam != 4) return 1;
+  return BlockProduct(params, ndims, shapes, dtypes, 1.0f, static_cast<float *>(params[3])) ? 0 : 1;
+}
+
+// The curvature product scale * G v A (inputs v, the stored factors G and A, scale[1] float32).
+extern "C" int MsOptimBlockProduct(int nparam, void **params, int *ndims, int64_t **shapes, const char **dtypes,
+                                   void * /*stream*/, void * /*extra*/) {
+  if (nparam != 5 || !Is(dtypes[3], "float32") || NumElements(3, ndims, shapes) != 1) return 1;
+  const float scale = static_cast<const float *>(params[3])[0];
+  return BlockProduct(params, ndims, shapes, dtypes, scale, static_cast<float *>(params[4])) ? 0 : 1;
 }
 
 namespace {
@@ -296,5 +329,151 @@ extern "C" int MsOptimBlockInverseOut(int nparam, void **params, int *ndims, int
   if (ok < 0) return 1;
   if (!ok) std::fill(inverse, inverse + NumElements(4, ndims, shapes), 0.0f);
   static_cast<float *>(params[5])[0] = static_cast<float>(ok);
+  return 0;
+}
+
+// each product and sum rounded to float32 in the order the composite ops round them
+#define MS_OPTIM_ROUNDED __attribute__((optimize("no-associative-math", "fp-contract=off")))
+
+// learning_rate="adaptive" on all the parameters at once (ms_optim/_thor/step/quad_model.py, update.py): each op
+// one pass over every parameter's arrays, float32, instead of a handful of elementwise ops per parameter (the
+// moves round as the composite ops do, so both paths take the same steps). The parameters' arrays come in groups
+// of P inputs (parameter j at position group * P + j), then the scalars.
+namespace {
+
+// P from nparam = groups * P + extra, and every group's j-th input float32 with parameter j's size; -1 if not.
+int64_t Groups(int nparam, int groups, int extra, int *ndims, int64_t **shapes, const char **dtypes) {
+  if (nparam < extra + groups || (nparam - extra) % groups != 0) return -1;
+  const int64_t count = (nparam - extra) / groups;
+  for (int64_t j = 0; j < count; ++j) {
+    const int64_t n = NumElements(static_cast<int>(j), ndims, shapes);
+    for (int g = 0; g < groups; ++g) {
+      const int index = static_cast<int>(g * count + j);
+      if (!Is(dtypes[index], "float32") || NumElements(index, ndims, shapes) != n) return -1;
+    }
+  }
+  return count;
+}
+
+const float *Scalars(void **params, int index, const char **dtypes, int *ndims, int64_t **shapes, int64_t n) {
+  if (!Is(dtypes[index], "float32") || NumElements(index, ndims, shapes) != n) return nullptr;
+  return static_cast<const float *>(params[index]);
+}
+
+}  // namespace
+
+// MsOptimQuadTrial(weights[P], stored[P], previous[P], directions[P], coefs[2] = a0, b0) -> written[1]:
+//   stored = -direction;   weight += a0 * stored + b0 * previous      (weights and stored written)
+extern "C" MS_OPTIM_CLONES MS_OPTIM_ROUNDED int MsOptimQuadTrial(int nparam, void **params, int *ndims,
+                                                                 int64_t **shapes, const char **dtypes,
+                                                                 void * /*stream*/, void * /*extra*/) {
+  const int64_t count = Groups(nparam, 4, 2, ndims, shapes, dtypes);
+  if (count < 0) return 1;
+  const float *coefs = Scalars(params, static_cast<int>(4 * count), dtypes, ndims, shapes, 2);
+  if (coefs == nullptr) return 1;
+  const float a0 = coefs[0], b0 = coefs[1];
+  for (int64_t j = 0; j < count; ++j) {
+    const int64_t n = NumElements(static_cast<int>(j), ndims, shapes);
+    float *weight = static_cast<float *>(params[j]);
+    float *stored = static_cast<float *>(params[count + j]);
+    const float *previous = static_cast<const float *>(params[2 * count + j]);
+    const float *direction = static_cast<const float *>(params[3 * count + j]);
+    for (int64_t i = 0; i < n; ++i) {
+      const float x = -direction[i];
+      stored[i] = x;
+      const float step = a0 * x + b0 * previous[i];
+      weight[i] += step;
+    }
+  }
+  static_cast<float *>(params[nparam - 1])[0] = 1.0f;
+  return 0;
+}
+
+// MsOptimQuadMove(weights[P], previous[P], vectors[P], coefs[4] = c0, c1, c2, c3) -> written[1]:
+//   weight += c0 * vector + c1 * previous;   previous = c2 * vector + c3 * previous   (weights, previous written)
+extern "C" MS_OPTIM_CLONES MS_OPTIM_ROUNDED int MsOptimQuadMove(int nparam, void **params, int *ndims,
+                                                                int64_t **shapes, const char **dtypes,
+                                                                void * /*stream*/, void * /*extra*/) {
+  const int64_t count = Groups(nparam, 3, 2, ndims, shapes, dtypes);
+  if (count < 0) return 1;
+  const float *coefs = Scalars(params, static_cast<int>(3 * count), dtypes, ndims, shapes, 4);
+  if (coefs == nullptr) return 1;
+  const float c0 = coefs[0], c1 = coefs[1], c2 = coefs[2], c3 = coefs[3];
+  for (int64_t j = 0; j < count; ++j) {
+    const int64_t n = NumElements(static_cast<int>(j), ndims, shapes);
+    float *weight = static_cast<float *>(params[j]);
+    float *previous = static_cast<float *>(params[count + j]);
+    const float *vector = static_cast<const float *>(params[2 * count + j]);
+    for (int64_t i = 0; i < n; ++i) {
+      const float v = vector[i], y = previous[i];
+      const float step = c0 * v + c1 * y;
+      weight[i] += step;
+      previous[i] = c2 * v + c3 * y;
+    }
+  }
+  static_cast<float *>(params[nparam - 1])[0] = 1.0f;
+  return 0;
+}
+
+// MsOptimQuadProducts(first[P], second[P], gradients[P], weights[P], first_products[P], second_products[P],
+// plan float64[1 + P] = directions k (1 or 2), then per parameter 1 * decayed + 2 * curved) -> out (4, 2, 2):
+//   out[0] = D = <v_i, v_k>,   out[1] = R = D over the decayed parameters,
+//   out[2] = A = <c(v_i), v_k> over the curved parameters (symmetrised),   out[3] = [<g, v_i>; <w, v_i> decayed]
+// with v_0 = first, v_1 = second (read only when k == 2; the rest of out is 0), sums in double precision.
+extern "C" MS_OPTIM_CLONES int MsOptimQuadProducts(int nparam, void **params, int *ndims, int64_t **shapes,
+                                                   const char **dtypes, void * /*stream*/, void * /*extra*/) {
+  const int64_t count = Groups(nparam, 6, 2, ndims, shapes, dtypes);
+  if (count < 0 || !Is(dtypes[6 * count], "float64") || NumElements(static_cast<int>(6 * count), ndims, shapes) !=
+      count + 1 || !Is(dtypes[6 * count + 1], "float32") || NumElements(static_cast<int>(6 * count + 1), ndims,
+                                                                         shapes) != 16)
+    return 1;
+  const double *plan = static_cast<const double *>(params[6 * count]);
+  const bool two = plan[0] > 1.5;
+  double d[3] = {0, 0, 0}, r[3] = {0, 0, 0}, a[4] = {0, 0, 0, 0}, e[2] = {0, 0}, w[2] = {0, 0};
+  for (int64_t j = 0; j < count; ++j) {
+    const int64_t n = NumElements(static_cast<int>(j), ndims, shapes);
+    const int flags = static_cast<int>(plan[1 + j]);
+    const bool decayed = flags & 1, curved = flags & 2;
+    const float *x = static_cast<const float *>(params[j]);
+    const float *y = static_cast<const float *>(params[count + j]);
+    const float *g = static_cast<const float *>(params[2 * count + j]);
+    const float *wt = static_cast<const float *>(params[3 * count + j]);
+    const float *kx = static_cast<const float *>(params[4 * count + j]);
+    const float *ky = static_cast<const float *>(params[5 * count + j]);
+    // double products and sums: the model is small differences of these inner products
+    const int64_t kBlock = 2048;
+    for (int64_t start = 0; start < n; start += kBlock) {
+      const int64_t end = std::min(start + kBlock, n);
+      double pxx = 0, pxy = 0, pyy = 0, pgx = 0, pgy = 0, pwx = 0, pwy = 0, pax = 0, paxy = 0, payx = 0, pay = 0;
+      for (int64_t i = start; i < end; ++i) {
+        const double xi = x[i];
+        pxx += xi * xi;
+        pgx += static_cast<double>(g[i]) * xi;
+        if (decayed) pwx += static_cast<double>(wt[i]) * xi;
+        if (curved) pax += static_cast<double>(kx[i]) * xi;
+        if (two) {
+          const double yi = y[i];
+          pxy += xi * yi;
+          pyy += yi * yi;
+          pgy += static_cast<double>(g[i]) * yi;
+          if (decayed) pwy += static_cast<double>(wt[i]) * yi;
+          if (curved) {
+            paxy += static_cast<double>(kx[i]) * yi;
+            payx += static_cast<double>(ky[i]) * xi;
+            pay += static_cast<double>(ky[i]) * yi;
+          }
+        }
+      }
+      d[0] += pxx; d[1] += pxy; d[2] += pyy;
+      e[0] += pgx; e[1] += pgy;
+      if (decayed) { r[0] += pxx; r[1] += pxy; r[2] += pyy; w[0] += pwx; w[1] += pwy; }
+      if (curved) { a[0] += pax; a[1] += paxy; a[2] += payx; a[3] += pay; }
+    }
+  }
+  float *out = static_cast<float *>(params[nparam - 1]);
+  const double cross = 0.5 * (a[1] + a[2]);
+  const double values[16] = {d[0], d[1], d[1], d[2], r[0], r[1], r[1], r[2],
+                             a[0], cross, cross, a[3], e[0], e[1], w[0], w[1]};
+  for (int i = 0; i < 16; ++i) out[i] = static_cast<float>(values[i]);
   return 0;
 }

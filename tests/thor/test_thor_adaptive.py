@@ -72,7 +72,7 @@ def _exercised(ref):
 
 
 @pytest.mark.parametrize("case", sorted(CASES))
-def test_adaptive_damping_matches_reference(mode, rng, case):
+def test_adaptive_damping_matches_reference(mode, path, rng, case):
     net, opt, ref = _setup(rng, case=case)
     if case == "trace_rule_at_zero":
         assert opt.strategy == "per_layer"

@@ -157,8 +157,9 @@ def _check_damping(opt, ref, step):
 
 
 @pytest.mark.parametrize("momentum", ["adaptive", 0.5])
-def test_adaptive_lr_with_adaptive_damping_matches_reference(mode, rng, momentum):
-    """Both adaptive, through ms_optim's TrainOneStepCell (the pass at the trial point)."""
+def test_adaptive_lr_with_adaptive_damping_matches_reference(mode, path, rng, momentum):
+    """Both adaptive, through ms_optim's TrainOneStepCell (the pass at the trial point); the fused CPU ops and the
+    composite ones (GPU, Ascend) alike."""
     net, opt, ref = _adaptive_both(rng, momentum=momentum)
     cell = _train_cell(net, opt)
     x, y = _batch(rng, "mlp")
@@ -173,7 +174,7 @@ def test_adaptive_lr_with_adaptive_damping_matches_reference(mode, rng, momentum
     assert min(ref.dampings) == ref.dampings[0], ref.dampings  # never below the first step's damping
 
 
-def test_adaptive_damping_ratio_is_the_trials_against_its_calibrated_model(mode, rng):
+def test_adaptive_damping_ratio_is_the_trials_against_its_calibrated_model(mode, path, rng):
     """Both adaptive (momentum too), adapting every step, on the embedding + LayerNorm net: each step's ratio is
     ``(L_p - L0) / q_c``, ``q_c`` the change the trial's own model predicted (the damped Kronecker model times
     the kappa the trial was made with); after a ratio below 1/4 the damping rises by ``1 / omega``, after one

@@ -23,8 +23,9 @@ with its own spec's method as a constant):
 * ``slot``: the parameter's layer, ``(g_geom, a_geom, g_inv, a_inv, g_cov, a_cov)`` (geometries ``(n, nblocks,
   bs)`` and the four Parameters; ``a_geom`` is unused for a diagonal A), or ``()`` for a parameter of no
   layer;
-* ``step``: ``(kernel, lam, g_unscale, batch_size, gradient)``: ``()`` or ``(op,)`` with the fused CPU op
-  ``op(v, L, R) = L v R`` of block matrices (``factor_kernels``), ``lam``, ``u``, ``B`` and the gradient.
+* ``step``: ``(kernel, lam, g_unscale, batch_size, gradient)``: ``()`` or the fused CPU ops ``(precondition,
+  product)`` of block matrices (``factor_kernels``: ``L v R`` and ``s L v R``), ``lam``, ``u``, ``B`` and the
+  gradient.
 
 A form's ``has_curvature`` says whether ``+1`` can be non-zero: the quadratic model computes products only
 where it is True. A new kind with another curvature is a spec with its own ``apply``; nothing else changes.
@@ -42,13 +43,6 @@ from ms_optim._thor.net.blocks import apply_left, apply_right
 __all__ = ["KroneckerCurvature", "RowDiagonalCurvature", "GradientSquareCurvature", "NoCurvature"]
 
 
-def _blocks(matrix, geom):
-    """A stored factor as the fused op reads it, ``(nblocks, bs, bs)`` (a one-block factor is stored 2-D)."""
-    if geom[1] == 1:
-        return ops.reshape(matrix, (1, geom[0], geom[0]))
-    return matrix
-
-
 @jit_class
 class KroneckerCurvature:
     """``G V A`` over the ``(out, -1)`` view ``V`` of a Dense or conv weight's vector."""
@@ -59,20 +53,19 @@ class KroneckerCurvature:
     def apply(slot, vector, power, step):
         g_geom, a_geom, g_inv, a_inv, g_cov, a_cov = slot
         kernel, _, g_unscale, _, _ = step
+        if kernel:  # the ops read a conv kernel's vector as out x (in*kh*kw) themselves: no reshapes
+            if power > 0:
+                return ops.cast(kernel[1](ops.cast(vector, mstype.float32), g_cov, a_cov, g_unscale),
+                                F.dtype(vector))
+            return ops.cast(kernel[0](ops.cast(vector, mstype.float32), g_inv, a_inv), F.dtype(vector))
         if power > 0:
             left, right = ops.cast(g_cov, mstype.float32), ops.cast(a_cov, mstype.float32)
         else:
             left, right = g_inv, a_inv
-        if kernel:  # the op reads a conv kernel's vector as out x (in*kh*kw) itself: no reshapes in the graph
-            if power > 0:
-                left, right = _blocks(left, g_geom), _blocks(right, a_geom)
-            product = kernel[0](ops.cast(vector, mstype.float32), left, right)
-        else:
-            shape = vector.shape
-            v2 = ops.reshape(ops.cast(vector, mstype.float32), (shape[0], -1))
-            v2 = apply_left(left, v2, g_geom[0], g_geom[1], g_geom[2])
-            v2 = apply_right(v2, right, a_geom[0], a_geom[1], a_geom[2])
-            product = ops.reshape(v2, shape)
+        shape = vector.shape
+        v2 = ops.reshape(ops.cast(vector, mstype.float32), (shape[0], -1))
+        v2 = apply_left(left, v2, g_geom[0], g_geom[1], g_geom[2])
+        product = ops.reshape(apply_right(v2, right, a_geom[0], a_geom[1], a_geom[2]), shape)
         if power > 0:
             product = product * g_unscale
         return ops.cast(product, F.dtype(vector))

@@ -25,7 +25,10 @@ geometry and the block layout (``factors.conv_output_geometry``, ``factors.facto
 block inverses (``preconditioner.precondition_parameter``), and a fifth, ``MsOptimBlockInverse(inverse,
 factor, lam, scale, plan)``, a factor's damped, checked inversion, written in place
 (``inversion/batched.py``); ``MsOptimBlockInverseOut(factor, lam, scale, plan) -> (inverse, ok)`` is the same
-as a pure op for the layer-by-layer inversion (``inversion/slot.py``).
+as a pure op for the layer-by-layer inversion (``inversion/slot.py``). ``MsOptimBlockProduct`` is a curvature
+product ``scale * G v A`` of the stored factors (``net/curvature.py``); ``MsOptimQuadTrial``,
+``MsOptimQuadMove`` and ``MsOptimQuadProducts`` are ``learning_rate="adaptive"``'s moves and quadratic model
+over all the parameters at once (:func:`quad_kernels`).
 
 The products are oneDNN's ``dnnl_sgemm`` from MindSpore's own ``lib/libdnnl.so.3`` (the library
 MindSpore's CPU kernels use), bound once per process through ``MsOptimSetSgemm``. The kernels are used
@@ -51,7 +54,8 @@ from mindspore.ops import constexpr
 from ms_optim._thor.net.factors import conv_output_geometry, factor_blocks
 from ms_optim.optim import _fused
 
-__all__ = ["FactorKernels", "factor_kernels", "patch_plan_tensor", "row_plan_tensor", "count_plan_tensor"]
+__all__ = ["FactorKernels", "factor_kernels", "QuadKernels", "quad_kernels", "patch_plan_tensor",
+           "row_plan_tensor", "count_plan_tensor"]
 
 #: Largest patch panel (float32 values) ``MsOptimPatchGram`` lays out for one product: 8 MiB.
 PANEL_FLOATS = 1 << 21
@@ -84,6 +88,7 @@ class FactorKernels(NamedTuple):
     precondition: ops.Custom        # MsOptimBlockPrecondition: G^-1 g A^-1
     block_inverse: ops.Custom       # MsOptimBlockInverse: damped inversion in place
     block_inverse_out: ops.Custom   # MsOptimBlockInverseOut: the same as a pure op, (inverse, ok)
+    product: ops.Custom             # MsOptimBlockProduct: scale * G v A (a curvature product)
 
 
 def _ops(path: str) -> FactorKernels:
@@ -96,7 +101,35 @@ def _ops(path: str) -> FactorKernels:
                              out_shape=lambda factor, lam, scale, plan: [factor, [1]],
                              out_dtype=lambda *dtypes: [ms.float32, ms.float32], func_type="aot")
     block_inverse = _InverseCustom(f"{path}:MsOptimBlockInverse")
-    return FactorKernels(*factor_ops, precondition, block_inverse, inverse_out)
+    product = ops.Custom(f"{path}:MsOptimBlockProduct", out_shape=lambda v, left, right, scale: v,
+                         out_dtype=lambda *dtypes: ms.float32, func_type="aot")
+    return FactorKernels(*factor_ops, precondition, block_inverse, inverse_out, product)
+
+
+class QuadKernels(NamedTuple):
+    """The ops of ``learning_rate="adaptive"`` over ``count`` parameters at once (``quad_kernels``)."""
+
+    trial: ops.Custom      # MsOptimQuadTrial(weights, stored, previous, directions, coefs[2]), writes 2 count
+    move: ops.Custom       # MsOptimQuadMove(weights, previous, vectors, coefs[4]): writes 2 * count
+    products: ops.Custom   # MsOptimQuadProducts(6 groups of count, plan) -> (4, 2, 2)
+
+
+def quad_kernels(count: int) -> Optional[QuadKernels]:
+    """The :class:`QuadKernels` for ``count`` float32 parameters, when THOR's fused ops are available (else
+    None: the composite ops run)."""
+    if factor_kernels() is None:
+        return None
+    path = _fused.library_path()
+
+    def inplace(name: str, inputs: int, written: int) -> ops.Custom:
+        signature = _fused._signature(inputs, written)  # pylint: disable=protected-access
+        cls = type(f"_{name}{count}", (_fused._InplaceCustom,), {"__mindspore_signature__": signature})  # pylint: disable=protected-access
+        return cls(f"{path}:{name}")
+
+    products = ops.Custom(f"{path}:MsOptimQuadProducts", out_shape=lambda *shapes: [4, 2, 2],
+                          out_dtype=lambda *dtypes: ms.float32, func_type="aot")
+    return QuadKernels(inplace("MsOptimQuadTrial", 4 * count + 1, 2 * count),
+                       inplace("MsOptimQuadMove", 3 * count + 1, 2 * count), products)
 
 
 def _onednn_sgemm() -> int:

@@ -2,8 +2,10 @@ r"""THOR's damping rules, one chosen when the optimizer is built: the schedule, 
 
 Both answer the optimizer's step alike: ``rule(step, anchor, factor_loss_scale)`` -> the damping ``d`` of step
 ``step`` (float32 scalar; ``anchor`` orders reads of the factors after the backward pass);
-``rule.refresh(thor_step, d)`` -> whether this step inverts; ``rule.inversion_scale(factor_loss_scale,
-curvature_loss_scale, d)`` -> the loss scale the G being inverted carries.
+``rule.refresh(thor_step, d)`` -> whether this step inverts; inside the inversion branch,
+``rule.settled(d, anchor, factor_loss_scale)`` -> the damping to invert with (and of the step) and
+``rule.inversion_scale(factor_loss_scale, curvature_loss_scale, d)`` -> the loss scale the G being inverted
+carries.
 
 * :class:`ScheduledDamping` (a damping Tensor, MindSpore's THOR): ``d = damping[t]`` (a 0-D Tensor: the same
   every step); inverses refreshed on THOR steps only.
@@ -114,6 +116,10 @@ class ScheduledDamping(nn.Cell):
         """Invert on THOR steps only."""
         return thor_step
 
+    def settled(self, damping, anchor, factor_loss_scale):
+        """The damping to invert with: the schedule's."""
+        return damping
+
     def inversion_scale(self, factor_loss_scale, curvature_loss_scale, damping):
         """The loss scale of this step's backward pass (a THOR step's, which stored the factors)."""
         return factor_loss_scale
@@ -153,37 +159,42 @@ class LevenbergMarquardt(nn.Cell):
         self.layer_a = tuple(layer.matrix_a_cov for layer in layers)
         self.layer_g = tuple(layer.matrix_g_cov for layer in layers)
         self.a_diagonal = tuple(bool(layer.spec.a_diagonal) for layer in layers)
-        self.a_dims = tuple(float(layer.a_dim) for layer in layers)
-        self.g_dims = tuple(float(layer.g_dim) for layer in layers)
+        self.a_dims = Tensor(np.array([layer.a_dim for layer in layers], np.float32))
+        self.g_dims = Tensor(np.array([layer.g_dim for layer in layers], np.float32))
         self.mean_over_ranks = RankMean(config.ranks)
 
     def _initial(self, anchor, factor_loss_scale):
         """The initial-damping heuristic (module docstring), from the factors this step's backward stored."""
         unscale = ops.reciprocal(ops.square(factor_loss_scale))
-        log_sum = ops.zeros((), mstype.float32)
-        count = ops.zeros((), mstype.float32)
+        a_traces, g_traces = (), ()
         for i in range(self.num_layers):
-            a_trace = factor_trace(ops.depend(self.layer_a[i], anchor), self.a_diagonal[i]) / self.a_dims[i]
-            g_trace = factor_trace(ops.depend(self.layer_g[i], anchor), False) * unscale / self.g_dims[i]
-            product = a_trace * g_trace
-            usable = ops.logical_and(ops.isfinite(product), product > 0)
-            logged = ops.log(ops.select(usable, product, self.one))
-            log_sum = log_sum + ops.select(usable, logged, 0.0 * self.one)
-            count = count + ops.cast(usable, mstype.float32)
-        guess = INITIAL_SCALE * ops.exp(log_sum / ops.maximum(count, self.one))
+            a_traces = a_traces + (factor_trace(ops.depend(self.layer_a[i], anchor), self.a_diagonal[i]),)
+            g_traces = g_traces + (factor_trace(ops.depend(self.layer_g[i], anchor), False),)
+        # every layer at once: a handful of kernels, not a dozen per layer
+        product = (ops.stack(a_traces) / self.a_dims) * (ops.stack(g_traces) * unscale / self.g_dims)
+        usable = ops.logical_and(ops.isfinite(product), product > 0)
+        logged = ops.select(usable, ops.log(ops.select(usable, product, ops.ones_like(product))),
+                            ops.zeros_like(product))
+        count = ops.reduce_sum(ops.cast(usable, mstype.float32))
+        guess = INITIAL_SCALE * ops.exp(ops.reduce_sum(logged) / ops.maximum(count, self.one))
         guess = ops.select(count > 0, guess, FALLBACK_DAMPING * self.one)
         guess = ops.maximum(guess, FALLBACK_DAMPING * self.one)  # small factors must not mean a tiny damping
         guess = ops.reshape(self.mean_over_ranks(ops.reshape(guess, (1,))), ())
         return ops.minimum(ops.maximum(guess, self.low), self.high)
 
     def construct(self, step, anchor, factor_loss_scale):
-        """The damping of this step: the rule's value, set by the heuristic on the first step."""
-        damping = self.value * 1.0
-        if damping < 0:
-            damping = self._initial(anchor, factor_loss_scale)
-            damping = F.depend(damping, ops.assign(self.value, damping))
-            damping = F.depend(damping, ops.assign(self.start, damping))
-        return damping
+        """The damping of this step: the rule's value (-1 before the first step: :meth:`settled` sets it)."""
+        return self.value * 1.0
+
+    def settled(self, damping, anchor, factor_loss_scale):
+        """The damping to invert with: ``damping``, or on the first step (a THOR step: it inverts) the initial
+        heuristic's, recorded as ``value`` and ``start``. Called inside the inversion branch, so the
+        heuristic's work is done on refresh steps only."""
+        first = damping < 0
+        damping = ops.select(first, self._initial(anchor, factor_loss_scale), damping)
+        done = ops.assign(self.value, damping)
+        done = F.depend(done, ops.assign(self.start, ops.select(first, damping, self.start * 1.0)))
+        return F.depend(damping, done)
 
     def refresh(self, thor_step, damping):
         """Invert on THOR steps and whenever the damping differs from the stored inverses' damping."""

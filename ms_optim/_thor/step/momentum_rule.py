@@ -29,6 +29,7 @@ from mindspore.ops import operations as P
 
 from ms_optim._thor.config import ThorConfig
 from ms_optim._thor.modes import Mode
+from ms_optim._thor.net.factor_kernels import quad_kernels
 from ms_optim._thor.parallel import RankMean
 from ms_optim._thor.step import quad_model as qm
 from ms_optim._thor.step.damping import FAILED_RATIO, unresolved
@@ -63,10 +64,11 @@ class MomentumRule(nn.Cell):
     ``rule.probe_due`` names.
     """
 
-    def __init__(self, config: ThorConfig, table: ParameterTable, moments, momentum, damping_rule: nn.Cell):
+    def __init__(self, config: ThorConfig, table: ParameterTable, moments, momentum, damping_rule: nn.Cell,
+                 fused: bool = False):
         super().__init__(auto_prefix=False)
-        self.table = table
         self.applies, self.slots, self.decay_flags = table.applies, table.slots, table.decay_flags
+        self.curved = table.curved
         self.moments = moments
         self.momentum = momentum
         self.opt = P.ApplyMomentum()
@@ -83,7 +85,13 @@ class MomentumRule(nn.Cell):
         self.damping_rule = damping_rule
         if self.measures:
             # the model of the damping's predicted change: one direction, no weight decay
-            self.chunks = qm.chunk_plan(table.sizes, (False,) * len(table.sizes), table.curved)
+            no_decay = (False,) * len(table.sizes)
+            self.chunks = qm.chunk_plan(table.sizes, no_decay, table.curved)
+            quad = quad_kernels(len(table.sizes)) if fused else None
+            self.fused = quad is not None
+            if self.fused:  # the model in one fused CPU op over every parameter
+                self.quad_products = quad.products
+                self.plan = qm.fused_plan(1, no_decay, table.curved)
             self.mean_over_ranks = RankMean(config.ranks)
             self.failed = Tensor(FAILED_RATIO, mstype.float32)
 
@@ -122,9 +130,13 @@ class MomentumRule(nn.Cell):
         moments = F.depend(self.moments, success)
         lr32 = -ops.reshape(ops.cast(lr, mstype.float32), ())
         deltas = self.hyper_map(F.partial(scale, lr32), moments)
-        products = self.hyper_map(F.partial(curvature_product, context), self.applies, self.slots, gradients,
-                                  deltas)
-        model = qm.build((deltas,), gradients, params, (products,), self.chunks, self.weight_decay)
+        products = self.hyper_map(F.partial(curvature_product, context), self.curved, self.applies,
+                                  self.slots, gradients, deltas)
+        if self.fused:
+            model = qm.build_fused(self.quad_products, self.plan, (deltas,), gradients, params, (products,),
+                                   self.weight_decay, (False,) * len(self.decay_flags))
+        else:
+            model = qm.build((deltas,), gradients, params, (products,), self.chunks, self.weight_decay)
         return ops.assign(self.damping_rule.predicted, qm.change(model))
 
     def probe_due(self, global_step):

@@ -166,11 +166,13 @@ class ThorOptimizer(Optimizer):
         self.damping_steps = None if config.damping_mode == Mode.ADAPTIVE else self.damping_rule.steps
         if config.lr_mode == Mode.ADAPTIVE:
             self.step_rule = QuadraticRule(config, self.table, self._parameters, self.moments,
-                                           self.damping_rule)
+                                           self.damping_rule, kernels is not None and self._all_float32())
         else:
-            self.step_rule = MomentumRule(config, self.table, self.moments, self.momentum, self.damping_rule)
+            self.step_rule = MomentumRule(config, self.table, self.moments, self.momentum, self.damping_rule,
+                                          kernels is not None and self._all_float32())
         self.scheduled_lr = config.lr_mode == Mode.SCHEDULED
-        self.precondition_kernel = () if kernels is None else (kernels.precondition,)
+        self.adaptive_damping = config.damping_mode == Mode.ADAPTIVE
+        self.curvature_kernels = () if kernels is None else (kernels.precondition, kernels.product)
         self.batch_size_tensor = Tensor(float(self.batch_size), mstype.float32)
         self.unit_scale = Tensor(1.0, mstype.float32)
         self.frequency_tensor = Tensor([self.frequency], mstype.int32)
@@ -180,6 +182,10 @@ class ThorOptimizer(Optimizer):
         self.damping_steps_tensor = Tensor(self.damping_steps or 0, mstype.int32)
         self.unprobed = unprobed_message(config) if self.measures_loss else ""
         self.sync_thor_flags()
+
+    def _all_float32(self) -> bool:
+        """Whether every trainable parameter is float32 (the fused ops of ``learning_rate="adaptive"``)."""
+        return all(param.dtype == mstype.float32 for param in self._parameters)
 
     @property
     def sharing(self):
@@ -272,6 +278,9 @@ class ThorOptimizer(Optimizer):
         thor_step = ops.all(ops.equal(ops.floor_mod(step, self.frequency_tensor), self.zero_step))
         curvature_scale = self._curvature_scale(thor_step)
         if self.damping_rule.refresh(thor_step, damping):  # a THOR step (or, adaptive: a new damping)
+            if self.adaptive_damping:  # the first step's damping, from its factors (damping.py)
+                damping = self.damping_rule.settled(damping, anchor, self.factor_loss_scale)
+                lam = ops.sqrt(damping)
             refreshed = self.inversion(anchor, lam, self.damping_rule.inversion_scale(
                 self.factor_loss_scale, curvature_scale, damping))
         # The updates follow the THOR branch through its side effects (the stores of the inverses): every read
@@ -282,10 +291,10 @@ class ThorOptimizer(Optimizer):
         g_unscale = self.unit_scale
         if self.measures_loss:
             g_unscale = ops.reciprocal(ops.square(curvature_scale))
-        context = (self.precondition_kernel, lam, g_unscale, self.batch_size_tensor)
+        context = (self.curvature_kernels, lam, g_unscale, self.batch_size_tensor)
         if self.scheduled_lr:
             success = self.step_rule(params, gradients, self.get_lr(), context, step)
         else:
-            success = self.step_rule(params, gradients, damping, context)
+            success = self.step_rule(params, gradients, damping, context, step)
         success = F.depend(success, self.assignadd(self.global_step, self.global_step_increase_tensor))
         return F.depend(success, self.hyper_map(F.partial(write_flag, next_flag), self.thor_flags))

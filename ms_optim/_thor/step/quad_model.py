@@ -41,10 +41,12 @@ from __future__ import annotations
 from typing import NamedTuple, Sequence, Tuple
 
 import mindspore.common.dtype as mstype
+import numpy as np
 from mindspore import Tensor, ops
 
 __all__ = ["QuadModel", "CHUNK_FLOATS", "DEGENERATE", "chunk_plan", "build", "matrix", "quadratic", "change",
-           "solve", "coefficients", "trust_region", "pack", "unpack", "SYSTEM_SIZE", "Chunk"]
+           "solve", "coefficients", "trust_region", "mean_over", "fused_plan", "build_fused", "pack",
+           "unpack", "SYSTEM_SIZE", "Chunk"]
 
 #: the 2x2 system counts as singular when det <= DEGENERATE * M00 * M11 (the directions nearly parallel)
 DEGENERATE = 1e-5
@@ -137,6 +139,30 @@ def build(directions, gradients, weights, products, chunks, weight_decay):
     return _symmetric(a), _symmetric(d), _symmetric(r), e + weight_decay * decay_dot, e
 
 
+def fused_plan(directions: int, decayed: Sequence[bool], curved: Sequence[bool]) -> Tensor:
+    """The plan of ``MsOptimQuadProducts`` (``factor_kernels.quad_kernels``): the number of directions, then
+    per parameter ``1 * decayed + 2 * curved``."""
+    flags = [float(directions)] + [float(int(d) + 2 * int(c)) for d, c in zip(decayed, curved)]
+    return Tensor(np.array(flags, np.float64))
+
+
+def build_fused(op, plan, directions, gradients, weights, products, weight_decay, decayed):
+    """:func:`build` as one fused CPU op over every parameter (``op``: ``MsOptimQuadProducts``; ``plan``:
+    :func:`fused_plan`); where the op reads nothing (the second group of one direction, the weights that
+    ``decayed`` leaves out) it is handed a placeholder, so no Parameter is read in vain."""
+    second = directions[1] if len(directions) > 1 else directions[0]
+    second_products = products[1] if len(products) > 1 else products[0]
+    read = ()
+    for j in range(len(decayed)):
+        read = read + ((weights[j],) if decayed[j] else (directions[0][j],))
+    out = op(*(directions[0] + second + gradients + read + products[0] + second_products + (plan,)))
+    rows = out[3]
+    if len(directions) > 1:
+        return out[2], out[0], out[1], rows[0] + weight_decay * rows[1], rows[0]
+    e = rows[0][:1]
+    return out[2][:1, :1], out[0][:1, :1], out[1][:1, :1], e + weight_decay * rows[1][:1], e
+
+
 def _symmetric(part):
     """``(P + P^T) / 2``: a part whose two off-diagonal entries are the same inner product in two orders."""
     return 0.5 * (part + ops.transpose(part, (1, 0)))
@@ -171,10 +197,11 @@ def change(model):
 
 
 def _one_dimensional(m, b):
-    """``(-b0 / M00, m there, usable)``: usable when ``M00 > 0`` and both are finite."""
-    m00 = m[0, 0]
-    alpha = -b[0] / ops.select(m00 > 0, m00, ops.ones((), mstype.float32))
-    value, _ = _value(m, b, alpha, ops.zeros((), mstype.float32))
+    """``(-b0 / M00, m there, usable)``: usable when ``M00 > 0`` and both are finite (reads ``M00`` and ``b0``
+    only: a model over one direction serves)."""
+    m00, b0 = m[0, 0], b[0]
+    alpha = -b0 / ops.select(m00 > 0, m00, ops.ones((), mstype.float32))
+    value = 0.5 * alpha * alpha * m00 + alpha * b0
     return alpha, value, ops.logical_and(m00 > 0, ops.logical_and(ops.isfinite(alpha), ops.isfinite(value)))
 
 
@@ -222,6 +249,19 @@ def trust_region(m, alpha, beta, kl_clip):
     usable = ops.logical_and(ops.isfinite(k), k > 0)
     nu = ops.select(usable, ops.minimum(one, ops.sqrt(kl_clip / ops.select(usable, k, one))), one)
     return alpha * nu, beta * nu
+
+
+def mean_over(model, mean):
+    """Every part of ``model`` (one or two directions) averaged by ``mean`` (a ``RankMean``) in one call."""
+    flat = mean(ops.concat(tuple(ops.reshape(part, (-1,)) for part in model)))
+    out, start = (), 0
+    for part in model:
+        size = 1
+        for dim in part.shape:
+            size = size * dim
+        out = out + (ops.reshape(flat[start:start + size], part.shape),)
+        start = start + size
+    return out
 
 
 def _upper(part):

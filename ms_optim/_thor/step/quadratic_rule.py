@@ -2,34 +2,38 @@ r"""The step rule of ``learning_rate="adaptive"``: the step of THOR's quadratic 
 
 Each step combines the new preconditioned direction ``x`` and the previous update ``y`` as ``alpha x + beta
 y`` from the quadratic model over their span (``quad_model.py``), whose curvature is the Kronecker curvature
-of the stored factors times a calibration ``kappa`` measured on the step's own batch: the loss at a trial
+of the stored factors times a calibration ``kappa`` measured on every step's own batch: the loss at a trial
 point, one extra forward pass run by the training cell. With ``mu = momentum`` (a number), the step averages
 the model's own steps, ``(alpha, beta) = ((1 - mu) alpha_1, mu)`` with ``alpha_1`` the model's minimiser along
-``x``; with ``momentum="adaptive"`` both coefficients minimise the model (``quad_model.solve``). On step ``t``
-with damping
-``d``:
+``x``; with ``momentum="adaptive"`` both coefficients minimise the model (``quad_model.coefficients``). On
+step ``t`` with damping ``d``:
 
 .. code-block:: text
 
-    u     <- THOR's preconditioned gradient (each spec's apply(-1)), then weight decay and unit-norm clipping
-    x     <- -u;   y <- the previous update (``moments``; 0 before the first step)
-    model <- quad_model.build over (x, y);   M(kappa) = kappa (A + d D) + wd R
+    u      <- THOR's preconditioned gradient (each spec's apply(-1)), then weight decay and unit-norm clipping
+    x      <- -u;   y <- the previous update (``moments``; 0 before the first step)
+    M(k)   =  k (A + d D) + wd R            (the model over (x, y))
     trial:    (a0, b0) <- step(M(kappa)), in the kl_clip trust region;   w <- w + a0 x + b0 y
     probe:    L_p <- the loss on the same batch at the trial point      (the training cell's extra pass)
     measure:  c = 2 (L_p - L0 - (a0 e0 + b0 e1));   k_d = [a0 b0] (A + d D) [a0 b0]^T;   m = c / k_d
               kappa' = clip(m, max(MAX_FALL kappa, KAPPA_MIN), KAPPA_MAX)  where k_d > 0, else kappa
-    noise:    L_p and c finite, |L_p - L0| and |a0 e0 + b0 e1 + k_d / 2| below the loss's float32 resolution:
-              kappa' = max(MAX_FALL kappa, KAPPA_MIN), the trial kept (the next one longer)
-    reject:   otherwise when L_p > L0 or L_p, c are not finite: kappa' = min(FAILED_GROWTH kappa, KAPPA_MAX)
-              (at least the kappa' above where c is finite), and no step
+    noise:    L_p and c finite, |L_p - L0| and |a0 e0 + b0 e1 + k_d / 2| below the loss's float32
+              resolution: kappa' = max(MAX_FALL kappa, KAPPA_MIN), the trial kept (the next one longer)
+    reject:   otherwise when L_p > L0 or L_p, c are not finite: no step, and
+              kappa' = min(FAILED_GROWTH kappa, KAPPA_MAX) (at least the kappa' above where c is finite)
     final:    (alpha, beta) <- step(M(kappa')) (0 when rejected);   w <- w + (alpha - a0) x + (beta - b0) y;
               y <- alpha x + beta y;   kappa <- kappa'
-    damping="adaptive", after an adaptation step: q_c = a0 e0 + b0 e1 + kappa k_d / 2 (the trial's calibrated
-              model), rho = (L_p - L0) / q_c (FAILED_RATIO when L_p, c or rho is not finite, k_d <= 0 or
-              q_c >= 0), handed to the damping rule's ``adapt`` (never below the first step's damping)
+    damping="adaptive", after an adaptation step: q_c = a0 e0 + b0 e1 + kappa k_d / 2 (the trial's
+              calibrated model), rho = (L_p - L0) / q_c (FAILED_RATIO when L_p, c or rho is not finite,
+              k_d <= 0 or q_c >= 0), handed to the damping rule's ``adapt`` (never below the first step's
+              damping)
 
-``kappa`` starts at 1 and carries over between steps. Data parallel: the model's parts and the two losses are
-averaged over the ranks, so every rank takes the same step.
+``kappa`` starts at 1 and carries over between steps: the Kronecker factors alone under-estimate the loss's
+curvature along THOR's direction, and the ratio moves from batch to batch, so it is measured on every step (a
+calibration kept over several unmeasured steps lets those steps overshoot). Data parallel: the model's parts
+and the two losses are averaged over the ranks, so every rank takes the same step. The model and the moves are
+one fused CPU op each over all the parameters where every one is float32 (``MsOptimQuadProducts``,
+``MsOptimQuadTrial``, ``MsOptimQuadMove``: ``factor_kernels.quad_kernels``).
 """
 from __future__ import annotations
 
@@ -40,6 +44,7 @@ from mindspore.ops import functional as F
 
 from ms_optim._thor.config import ThorConfig
 from ms_optim._thor.modes import Mode
+from ms_optim._thor.net.factor_kernels import quad_kernels
 from ms_optim._thor.parallel import RankMean
 from ms_optim._thor.step import quad_model as qm
 from ms_optim._thor.step.damping import FAILED_RATIO, scalar_parameter, unresolved
@@ -48,8 +53,8 @@ from ms_optim._thor.step.update import (
     apply_decay,
     clip_to_unit_norm,
     curvature_product,
+    move,
     precondition,
-    take_final,
     take_trial,
 )
 
@@ -82,10 +87,18 @@ class QuadraticRule(nn.Cell):
     (``thor_step_damping``: its d) and ``trial_directions`` (``thor_direction.<name>``: x of the last step).
     """
 
-    def __init__(self, config: ThorConfig, table: ParameterTable, weights, previous, damping_rule: nn.Cell):
+    def __init__(self, config: ThorConfig, table: ParameterTable, weights, previous, damping_rule: nn.Cell,
+                 fused: bool = False):
         super().__init__(auto_prefix=False)
         self.applies, self.slots, self.decay_flags = table.applies, table.slots, table.decay_flags
+        self.curved = table.curved
         self.chunks = qm.chunk_plan(table.sizes, table.decay_flags, table.curved)
+        # one fused CPU op per phase over every parameter, where all of them are float32
+        quad = quad_kernels(len(table.sizes)) if fused else None
+        self.fused = quad is not None
+        if self.fused:
+            self.quad_trial, self.quad_move, self.quad_products = quad
+            self.plan = qm.fused_plan(2, table.decay_flags, table.curved)
         self.weight_decay = Tensor(config.weight_decay, mstype.float32)
         self.apply_weight_decay = config.weight_decay > 0
         self.enable_clip_grad = config.enable_clip_grad
@@ -120,18 +133,21 @@ class QuadraticRule(nn.Cell):
     def _model(self, weights, gradients, directions, context):
         """The model over ``(x, y)``, from the preconditioned ``directions`` ``u = -x`` (built over ``(u, y)``
         and turned by the signs of ``x``), averaged over the ranks."""
-        products = tuple(self.hyper_map(F.partial(curvature_product, context), self.applies, self.slots,
-                                        gradients, vectors) for vectors in (directions, self.previous))
-        model = qm.build((directions, self.previous), gradients, weights, products, self.chunks,
-                         self.weight_decay)
-        a, d, r, b, e = model
+        vectors = (directions, self.previous)
+        products = tuple(self.hyper_map(F.partial(curvature_product, context), self.curved, self.applies,
+                                        self.slots, gradients, v) for v in vectors)
+        if self.fused:
+            a, d, r, b, e = qm.build_fused(self.quad_products, self.plan, vectors, gradients, weights,
+                                           products, self.weight_decay, self.decay_flags)
+        else:
+            a, d, r, b, e = qm.build(vectors, gradients, weights, products, self.chunks, self.weight_decay)
         signs, first = self.signs, self.first_negated
         model = (a * signs, d * signs, r * signs, b * first, e * first)
         if self.ranks > 1:
-            model = qm.unpack(self.mean_over_ranks(qm.pack(model)))
+            model = qm.mean_over(model, self.mean_over_ranks)
         return model
 
-    def construct(self, weights, gradients, damping, context):
+    def construct(self, weights, gradients, damping, context, step):
         """The trial: directions, model, ``(a0, b0)`` with the last calibration, ``w += a0 x + b0 y``."""
         directions = self.hyper_map(F.partial(precondition, context), self.applies, self.slots, gradients)
         if self.apply_weight_decay:
@@ -146,8 +162,11 @@ class QuadraticRule(nn.Cell):
         done = F.depend(done, ops.assign(self.step_damping, d))
         done = F.depend(done, ops.assign(self.trial_step_size, a0))
         done = F.depend(done, ops.assign(self.trial_momentum_coefficient, b0))
-        return self.hyper_map(F.partial(take_trial, F.depend(a0, done), F.depend(b0, done)), directions,
-                              weights, self.previous, self.trial_directions)
+        coefs = F.depend(ops.stack((a0, b0)), done)
+        if self.fused:
+            return self.quad_trial(*(weights + self.trial_directions + self.previous + directions + (coefs,)))
+        return self.hyper_map(F.partial(take_trial, coefs), directions, weights, self.previous,
+                              self.trial_directions)
 
     def probe_due(self, global_step):
         """Every step needs the loss at its trial point."""
@@ -186,8 +205,11 @@ class QuadraticRule(nn.Cell):
         done = ops.assign(self.calibration, new_kappa)
         done = F.depend(done, ops.assign(self.step_size, alpha))
         done = F.depend(done, ops.assign(self.momentum_coefficient, beta))
-        moved = self.hyper_map(F.partial(take_final, a0, b0, F.depend(alpha, done), beta),
-                               self.trial_directions, self.weights, self.previous)
+        coefs = F.depend(ops.stack((alpha - a0, beta - b0, alpha, beta)), done)
+        if self.fused:
+            moved = self.quad_move(*(self.weights + self.previous + self.trial_directions + (coefs,)))
+        else:
+            moved = self.hyper_map(F.partial(move, coefs), self.trial_directions, self.weights, self.previous)
         alpha = F.depend(alpha, moved)
         if self.adapts_damping:
             if self.damping_rule.due_after(global_step * 1):

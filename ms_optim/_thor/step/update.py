@@ -24,7 +24,7 @@ from mindspore.ops import composite as C
 from mindspore.ops import functional as F
 
 __all__ = ["precondition", "curvature_product", "apply_decay", "clip_to_unit_norm", "momentum_step",
-           "nesterov_step", "sequential_step", "scale", "take_trial", "take_final", "write_flag"]
+           "nesterov_step", "sequential_step", "scale", "take_trial", "move", "write_flag"]
 
 precondition = C.MultitypeFuncGraph("thor_precondition")
 curvature_product = C.MultitypeFuncGraph("thor_curvature_product")
@@ -35,7 +35,7 @@ nesterov_step = C.MultitypeFuncGraph("thor_nesterov_step")
 sequential_step = C.MultitypeFuncGraph("thor_sequential_step")
 scale = C.MultitypeFuncGraph("thor_scale")
 take_trial = C.MultitypeFuncGraph("thor_take_trial")
-take_final = C.MultitypeFuncGraph("thor_take_final")
+move = C.MultitypeFuncGraph("thor_move")
 write_flag = C.MultitypeFuncGraph("thor_write_flag")
 
 
@@ -46,10 +46,13 @@ def _precondition_tensor(context, apply, slot, gradient):
     return apply(slot, gradient, -1, context + (gradient,))
 
 
-@curvature_product.register("Tuple", "Function", "Tuple", "Tensor", "Tensor")
-def _curvature_product_tensor(context, apply, slot, gradient, vector):
-    """``K v`` of one parameter: its spec's ``apply(slot, v, +1, context + (g,))``."""
-    return apply(slot, vector, 1, context + (gradient,))
+@curvature_product.register("Tuple", "Bool", "Function", "Tuple", "Tensor", "Tensor")
+def _curvature_product_tensor(context, curved, apply, slot, gradient, vector):
+    """``K v`` of one parameter: its spec's ``apply(slot, v, +1, context + (g,))``; ``v`` itself, unread, for
+    a parameter without curvature (``curved`` False: no op is spent on its zero)."""
+    if curved:
+        return apply(slot, vector, 1, context + (gradient,))
+    return vector
 
 
 @apply_decay.register("Tensor", "Bool", "Tensor", "Tensor")
@@ -108,24 +111,23 @@ def _scale_tensor(factor, value):
     return factor * ops.cast(value, mstype.float32)
 
 
-@take_trial.register("Tensor", "Tensor", "Tensor", "Tensor", "Tensor", "Tensor")
-def _take_trial_tensor(a0, b0, direction, weight, previous, stored):
-    """``x = -u`` into ``stored``; ``w += a0 x + b0 y`` (``u``: the preconditioned ``direction``, ``y``: the
-    previous update)."""
+@take_trial.register("Tensor", "Tensor", "Tensor", "Tensor", "Tensor")
+def _take_trial_tensor(coefs, direction, weight, previous, stored):
+    """``x = -u`` into ``stored``; ``w += a0 x + b0 y`` (``coefs = [a0, b0]``; ``u``: the preconditioned
+    ``direction``, ``y``: the previous update)."""
     x = -ops.cast(direction, mstype.float32)
     kept = ops.assign(stored, ops.cast(x, F.dtype(stored)))
-    step = a0 * x + b0 * ops.cast(previous, mstype.float32)
+    step = coefs[0] * x + coefs[1] * ops.cast(previous, mstype.float32)
     return F.depend(True, F.depend(ops.assign_add(weight, ops.cast(step, F.dtype(weight))), kept))
 
 
-@take_final.register("Tensor", "Tensor", "Tensor", "Tensor", "Tensor", "Tensor", "Tensor")
-def _take_final_tensor(a0, b0, alpha, beta, stored, weight, previous):
-    """``w += (alpha - a0) x + (beta - b0) y``; ``y <- alpha x + beta y`` (``x`` from ``stored``)."""
-    x = ops.cast(stored, mstype.float32)
+@move.register("Tensor", "Tensor", "Tensor", "Tensor")
+def _move_tensor(coefs, vector, weight, previous):
+    """``w += c0 v + c1 y``; ``y <- c2 v + c3 y`` (``coefs = [c0 .. c3]``, ``y``: the previous update)."""
+    v = ops.cast(vector, mstype.float32)
     y = ops.cast(previous, mstype.float32)
-    correction = (alpha - a0) * x + (beta - b0) * y
-    moved = ops.assign_add(weight, ops.cast(correction, F.dtype(weight)))
-    step = ops.depend(alpha * x + beta * y, moved)
+    moved = ops.assign_add(weight, ops.cast(coefs[0] * v + coefs[1] * y, F.dtype(weight)))
+    step = ops.depend(coefs[2] * v + coefs[3] * y, moved)
     return F.depend(True, ops.assign(previous, ops.cast(step, F.dtype(previous))))
 
 
