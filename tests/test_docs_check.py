@@ -129,3 +129,19 @@ def test_a_figure_caption_must_carry_its_source(caption, missing):
                         if missing else [])
     image = check.figure_problems(os.path.join(REPO, "docs", "x.rst"), ".. image:: a.png\n   :width: 80%\n")
     assert len(image) == 1 and "is an image" in image[0]
+
+
+def test_a_record_replots_stamped_with_its_source(tmp_path):
+    import shutil
+
+    replot = _load("replot", os.path.join(REPO, "benchmarks", "replot.py"))
+    common = importlib.import_module("benchmarks._common")
+    source = os.path.join(REPO, "benchmarks", "results", "bench_step.json")
+    copy = tmp_path / "bench_step.json"
+    shutil.copy(source, copy)
+    record = common.read_json(str(copy))
+    assert replot.benchmark_of(record, str(copy)) == "bench_step"
+    assert replot.replot(str(copy)) == [str(tmp_path / "bench_step.png")]
+    assert (tmp_path / "bench_step.png").stat().st_size > 0
+    stamp = common.source_stamp(record)
+    assert record["utc"][:10] in stamp and "bench_step.py" in stamp and "MindSpore" in stamp
