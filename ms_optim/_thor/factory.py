@@ -118,7 +118,7 @@ def thor(net, learning_rate, damping, momentum, weight_decay=0.0, loss_scale=1.0
         adapt_every (int): keyword-only. With ``damping="adaptive"``, the steps between two adaptations (at
             least 1). Default: None (5).
         damping_bounds (tuple[float, float]): keyword-only. With ``damping="adaptive"``, ``(low, high)``,
-            :math:`0 < low \le high`: the range of the damping. Default: None (``(1e-8, 1e4)``).
+            :math:`0 < \text{low} \le \text{high}`: the range of the damping. Default: None (``(1e-8, 1e4)``).
 
     Returns:
         Optimizer: a ``mindspore.nn.Optimizer`` over ``net.trainable_params()``, so ``Model``, training cells,

@@ -42,10 +42,10 @@ class DenseThor(ThorLayer):
         activation (Union[str, Cell, Primitive, None]): applied after the bias. Default: None.
 
     Inputs:
-        x (Tensor): of shape :math:`(*, \text{in\_channels})`.
+        x (Tensor): of shape :math:`(*, \text{in_channels})`.
 
     Outputs:
-        Tensor: of shape :math:`(*, \text{out\_channels})`.
+        Tensor: of shape :math:`(*, \text{out_channels})`.
 
     Raises:
         TypeError: as ``nn.Dense`` for bad arguments.
@@ -323,7 +323,7 @@ class EmbeddingThor(ThorLayer):
 
     .. math::
         A = \frac{1}{N} \operatorname{diag}(\mathrm{counts}) \quad (\text{kept as its diagonal, a
-            vector of vocab\_size}), \qquad G = N \sum_n D_n D_n^{\top}
+            vector of vocab_size}), \qquad G = N \sum_n D_n D_n^{\top}
 
     It adds ``matrix_a_cov``, ``matrix_g_cov`` (float32, the last THOR step's factors as diagonal blocks of
     128) and ``thor_flag`` (set by the optimizer: collect them in the next backward pass, in training mode).

@@ -168,7 +168,7 @@ class LARS(OptimizerBase):
                  & \|w\| > 0 \text{ and } \|g\| > 0 \\
               1 & \text{otherwise} \end{cases} \\
         c &\leftarrow \min(c / \eta, 1) \quad
-             \text{if use\_clip } (\eta \text{: the optimizer's learning rate}) \\
+             \text{if use_clip } (\eta \text{: the optimizer's learning rate}) \\
         g' &= c \, (g + \lambda w)
 
     and ``optimizer`` then updates :math:`w` from :math:`g'` with its own rule (momentum, Lamb, ...)
