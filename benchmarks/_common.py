@@ -6,6 +6,7 @@ meaningful on a busy machine; medians ignore the occasional slow call.
 """
 from __future__ import annotations
 
+import contextlib
 import datetime as _dt
 import importlib
 import json
@@ -13,11 +14,12 @@ import os
 import platform
 import statistics
 import sys
+import textwrap
 import time
-from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Sequence
+from typing import Any, Callable, Dict, Iterable, Iterator, List, Mapping, Optional, Sequence
 
 __all__ = ["float_list", "sync", "set_thor_state", "interleaved_medians", "copy_floor", "machine_info", "write_json",
-           "bar_plot", "RESULTS_DIR"]
+           "read_json", "bar_plot", "plotted_from", "source_stamp", "RESULTS_DIR"]
 
 RESULTS_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
 
@@ -137,26 +139,70 @@ def machine_info() -> Dict[str, Any]:
     return info
 
 
+def _this_run() -> Dict[str, str]:
+    """The command line and UTC time of this process, as a JSON record states them."""
+    return {"command": " ".join([os.path.basename(sys.executable)] + sys.argv),
+            "utc": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")}
+
+
 def write_json(path: str, payload: Mapping[str, Any]) -> str:
     """Write ``payload`` plus the command line, time and machine info to ``path`` (dirs created)."""
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    record = {"command": " ".join([os.path.basename(sys.executable)] + sys.argv),
-              "utc": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
-              "machine": machine_info(), **payload}
+    record = {**_this_run(), "machine": machine_info(), **payload}
     with open(path, "w", encoding="utf-8") as handle:
         json.dump(record, handle, indent=2, sort_keys=False)
         handle.write("\n")
     return path
 
 
+def read_json(path: str) -> Dict[str, Any]:
+    """A record :func:`write_json` wrote."""
+    with open(path, encoding="utf-8") as handle:
+        return json.load(handle)
+
+
+#: the record a plot is being redrawn from (:func:`plotted_from`); None: the plot shows this process's run
+_PLOTTED_FROM: List[Optional[Mapping[str, Any]]] = [None]
+
+
+@contextlib.contextmanager
+def plotted_from(record: Mapping[str, Any]) -> Iterator[None]:
+    """While active, :func:`save_figure` stamps the date and command of ``record`` (a JSON record being
+    redrawn) instead of this process's."""
+    _PLOTTED_FROM.append(record)
+    try:
+        yield
+    finally:
+        _PLOTTED_FROM.pop()
+
+
+def source_stamp(record: Optional[Mapping[str, Any]] = None, width: int = 150) -> str:
+    """``"<date> <time>Z, <cores>-core <machine>, MindSpore <v>: <command>"`` of ``record`` (default: this run),
+    absolute paths shortened to their last two parts, wrapped to ``width`` characters."""
+    run = dict(record) if record is not None else {**_this_run(), "machine": machine_info()}
+    machine = run.get("machine") or {}
+    where = ", ".join(part for part in (
+        f"{machine['cpu_count']}-core {machine.get('processor', '')}".strip() if machine.get("cpu_count") else "",
+        f"MindSpore {machine['mindspore']}" if machine.get("mindspore") else "") if part)
+    command = " ".join(os.path.join(*word.split("/")[-2:]) if word.startswith("/") and word.count("/") > 2 else word
+                       for word in str(run.get("command", "")).split())
+    when = str(run.get("utc", "")).replace("T", " ")
+    return textwrap.fill(f"{when}, {where}: {command}" if where else f"{when}: {command}", width)
+
+
 def save_figure(fig, path: str, tight: bool = True) -> str:
-    """Write a matplotlib figure as the benchmarks' PNG (110 dpi; folders made as needed) and close it."""
+    """Write a matplotlib figure as the benchmarks' PNG (110 dpi; folders made as needed) and close it.
+
+    The figure carries its source at its foot: the date and command of the run it shows (this process, or
+    the record :func:`plotted_from` names). Saved to the tight bounding box, so no label is clipped."""
     import matplotlib.pyplot as plt
 
     if tight:
         fig.tight_layout()
+    stamp = source_stamp(_PLOTTED_FROM[-1], width=max(60, int(fig.get_figwidth() * 15)))
+    fig.text(0.005, -0.01, stamp, ha="left", va="top", fontsize=7, color="#555555", family="monospace")
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    fig.savefig(path, dpi=110)
+    fig.savefig(path, dpi=110, bbox_inches="tight", pad_inches=0.08)
     plt.close(fig)
     return path
 
@@ -187,6 +233,7 @@ def bar_plot(path: str, labels: Sequence[str], values: Sequence[float], ylabel: 
     for y, label in hlines:
         ax.axhline(y, linestyle="--", linewidth=1, color="#C44E52")
         ax.annotate(label, (len(labels) - 0.5, y), ha="right", va="bottom", fontsize=8, color="#C44E52")
+    ax.margins(y=0.12)  # room for the value above the tallest bar
     ax.set_xticks(range(len(labels)))
     ax.set_xticklabels(labels, rotation=20, ha="right", fontsize=8)
     ax.set_ylabel(ylabel)

@@ -48,7 +48,7 @@ if not __package__:  # run as a file: the repository root, not this folder, on s
         del sys.path[0]
     sys.path.insert(0, os.path.dirname(_HERE))
 
-from benchmarks._common import RESULTS_DIR, save_figure, write_json  # noqa: E402
+from benchmarks._common import RESULTS_DIR, read_json, save_figure, write_json  # noqa: E402
 
 DEFAULT_NETS = "resnet18,resnet34,resnet50,resnet101,bert-base"
 TARGETS = {"build_compile": 2.0, "rss_after_compile": 1.35}
@@ -244,16 +244,22 @@ def plot(path: str, results: List[Dict]) -> str:
     axes[1].plot(x, [r["ratios"]["build_compile"] for r in done], "o-", label="build+compile")
     axes[1].plot(x, [r["ratios"]["rss_after_compile"] for r in done], "s-", label="resident after compile")
     axes[1].plot(x, [r["ratios"]["peak_rss"] for r in done], "^-", label="peak RSS")
-    axes[1].axhline(TARGETS["build_compile"], color="gray", ls=":", lw=1)
-    axes[1].axhline(TARGETS["rss_after_compile"], color="gray", ls="--", lw=1)
+    axes[1].axhline(TARGETS["build_compile"], color="gray", ls=":", lw=1, label="target, build+compile")
+    axes[1].axhline(TARGETS["rss_after_compile"], color="gray", ls="--", lw=1, label="target, resident")
     axes[1].set_ylabel("THOR / Momentum")
     for ax in axes:
-        ax.set_xlabel("THOR layers")
-        ax.legend(fontsize=8)
-        for r in done:
-            ax.annotate(r["net"], (r["thor_layers"], ax.get_ylim()[0]), fontsize=7, rotation=90, va="bottom")
+        ax.set_xticks(x)
+        ax.set_xticklabels([f"{r['net']}\n{r['thor_layers']}" for r in done], fontsize=7)
+        ax.set_xlabel("net and its number of THOR layers")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.24), ncol=2)  # off the curves
     fig.suptitle("THOR at depth (GRAPH_MODE, CPU, one process per run)", fontsize=10)
     return save_figure(fig, path)
+
+
+def plot_record(record: Dict, json_path: str) -> List[str]:
+    """Draw the overhead and ratio curves of a record of this benchmark beside its JSON; returns the PNG."""
+    return [plot(os.path.splitext(json_path)[0] + ".png", record["results"])]
 
 
 def main(argv: Optional[List[str]] = None) -> int:
@@ -285,8 +291,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     payload = {"benchmark": "bench_compile", "batch": args.batch, "image": args.image, "seq_length": args.seq_length,
                "vocab": args.vocab, "steps": args.steps, "repeats": args.repeats, "frequency": FREQUENCY,
                "quick": args.quick, "targets": TARGETS, "results": results}
-    write_json(out, payload)
-    png = plot(os.path.splitext(out)[0] + ".png", results)
+    (png,) = plot_record(read_json(write_json(out, payload)), out)
     print(f"wrote {out} and {png}")
     return 0 if all("ratios" in r for r in results) else 1
 

@@ -55,7 +55,7 @@ if not __package__:
         del sys.path[0]
     sys.path.insert(0, os.path.dirname(_HERE))
 
-from benchmarks._common import RESULTS_DIR, save_figure, write_json  # noqa: E402
+from benchmarks._common import RESULTS_DIR, read_json, save_figure, write_json  # noqa: E402
 
 TARGETS = {"thor_vs_momentum_rss": 1.5, "thor_step_vs_momentum": 1.5}
 DEFAULT_CASES = "resnet50:8,resnet50:32,resnet18:32"
@@ -256,8 +256,15 @@ def plot(path: str, results: List[Dict], note: str = "") -> str:
         f"\n{r['thor_vs_momentum_rss']:.2f}x" if "thor_vs_momentum_rss" in r else "") for r in results], fontsize=8)
     ax.set_ylabel("peak host RSS (GiB)")
     ax.set_title("Peak memory, THOR vs Momentum (GRAPH_MODE, CPU)" + (f"\n{note}" if note else ""), fontsize=10)
-    ax.legend(fontsize=8, loc="lower right")
+    ax.margins(y=0.12)
+    ax.legend(fontsize=8, loc="upper right")
     return save_figure(fig, path)
+
+
+def plot_record(record: Dict, json_path: str) -> List[str]:
+    """Draw the peak-memory bars of a record of this benchmark beside its JSON; returns the PNG's path."""
+    note = f"float16 net, {record.get('float16_add', 'mindspore')} add" if record.get("float16") else ""
+    return [plot(os.path.splitext(json_path)[0] + ".png", record["cases"], note)]
 
 
 def main(argv: Optional[List[str]] = None) -> int:
@@ -319,8 +326,7 @@ def main(argv: Optional[List[str]] = None) -> int:
                "steps": args.steps, "frequency": args.frequency, "width": args.width,
                "classes": args.classes, "max_rss_gb": args.max_rss_gb, "cases": results}
     json_path = write_json(os.path.join(args.out, stem + ".json"), payload)
-    note = f"float16 net, {args.float16_add} add" if args.float16 else ""
-    png_path = plot(os.path.join(args.out, stem + ".png"), results, note)
+    (png_path,) = plot_record(read_json(json_path), json_path)
     print(f"wrote {json_path} and {png_path}")
     return 0
 

@@ -45,7 +45,7 @@ if not __package__:
         del sys.path[0]
     sys.path.insert(0, os.path.dirname(_HERE))
 
-from benchmarks._common import RESULTS_DIR, bar_plot, write_json  # noqa: E402
+from benchmarks._common import RESULTS_DIR, bar_plot, read_json, write_json  # noqa: E402
 
 PUBLISHED_MS_PER_STEP = {"Ascend 910 (MindSpore zoo, ResNet-50 THOR, batch 32)": 20.4,
                          "GPU (published THOR figure, ResNet-50, batch 32)": 76.0}
@@ -160,6 +160,17 @@ def measure(work: Dict, rounds: int, warmup: int) -> Dict:
     return result
 
 
+def plot_record(record: Dict, json_path: str) -> List[str]:
+    """Draw the throughput bars of a record of this benchmark beside its JSON; returns the PNG's path."""
+    labels, values = [], []
+    for res in record["results"]:
+        for name, ips in res["images_per_s"].items():
+            labels.append(f"{res['workload']['name']} {name}")
+            values.append(ips)
+    return [bar_plot(os.path.splitext(json_path)[0] + ".png", labels, values, "images/s",
+                     f"ResNet training throughput on {record['device_target']} (higher is better)")]
+
+
 def main(argv: List[str] = None) -> int:
     args = parse_args(argv)
     import mindspore as ms
@@ -189,13 +200,7 @@ def main(argv: List[str] = None) -> int:
                "method": "GRAPH_MODE TrainOneStepCell on fixed synthetic batches; THOR run at frequency 2, "
                          "t(f) = (t_thor + (f-1) t_other) / f"}
     json_path = write_json(os.path.join(args.out_dir, stem + ".json"), payload)
-    labels, values = [], []
-    for res in results:
-        for name, ips in res["images_per_s"].items():
-            labels.append(f"{res['workload']['name']} {name}")
-            values.append(ips)
-    png_path = bar_plot(os.path.join(args.out_dir, stem + ".png"), labels, values, "images/s",
-                        f"ResNet training throughput on {args.device_target} (higher is better)")
+    (png_path,) = plot_record(read_json(json_path), json_path)
     print(f"[bench_resnet] wrote {json_path} and {png_path}")
     return 0
 

@@ -41,6 +41,7 @@ from benchmarks._common import (  # noqa: E402
     bar_plot,
     copy_floor,
     interleaved_medians,
+    read_json,
     write_json,
 )
 
@@ -110,6 +111,21 @@ def build_candidates(n_tensors: int, size: int, only=None, floor_threads=None) -
     return candidates
 
 
+def plot_record(record: Dict, json_path: str) -> List[str]:
+    """Draw the bar chart of a record of this benchmark beside its JSON; returns the PNG's path."""
+    rows = record["results"]
+    labels = list(rows)
+    base = rows.get(BASELINE, {}).get("ms_per_step")
+    params = record["tensors"] * record["values_per_tensor"] / 2 ** 20
+    png = bar_plot(os.path.splitext(json_path)[0] + ".png", labels, [rows[n]["ms_per_step"] for n in labels],
+                   "ms per step (median)", f"Optimizer step, {params:.1f}M float32 params, GRAPH_MODE CPU",
+                   errors=[[rows[n]["ms_per_step"] - rows[n]["p25_ms"] for n in labels],
+                           [rows[n]["p75_ms"] - rows[n]["ms_per_step"] for n in labels]],
+                   hlines=[(base, "Momentum")] if base else (),
+                   marks=[rows[n]["floor_ms"] for n in labels], marks_label="memory floor (NumPy copy)")
+    return [png]
+
+
 def main(argv: List[str] = None) -> Dict[str, dict]:
     args = parse_args(argv)
     import mindspore as ms
@@ -156,14 +172,7 @@ def main(argv: List[str] = None) -> Dict[str, dict]:
         "floor": f"NumPy copy of array_passes/2 x {args.tensors * size} float32 values on {args.floor_threads} "
                  f"threads", "array_passes": ARRAY_PASSES,
         "results": rows, "raw_timings_ms": timings})
-    labels = list(rows)
-    png_path = bar_plot(os.path.join(args.out_dir, stem + ".png"), labels,
-                        [rows[n]["ms_per_step"] for n in labels], "ms per step (median)",
-                        f"Optimizer step, {args.tensors * size / 2 ** 20:.1f}M float32 params, GRAPH_MODE CPU",
-                        errors=[[rows[n]["ms_per_step"] - rows[n]["p25_ms"] for n in labels],
-                                [rows[n]["p75_ms"] - rows[n]["ms_per_step"] for n in labels]],
-                        hlines=[(base, "Momentum")] if base else (),
-                        marks=[rows[n]["floor_ms"] for n in labels], marks_label="memory floor (NumPy copy)")
+    (png_path,) = plot_record(read_json(json_path), json_path)
     print(f"\nwrote {json_path}\nwrote {png_path}")
     return rows
 

@@ -48,6 +48,7 @@ from benchmarks._common import (  # noqa: E402
     RESULTS_DIR,
     bar_plot,
     interleaved_medians,
+    read_json,
     save_figure,
     set_thor_state,
     write_json,
@@ -218,6 +219,28 @@ def tta_plot(tta: Dict, path: str) -> None:
     save_figure(fig, path)
 
 
+def plot_record(record: Dict, json_path: str) -> List[str]:
+    """Draw the step bars (``<stem>_steps.png``) and the accuracy curves (``<stem>_tta.png``) of a record of
+    this benchmark beside its JSON; returns the PNGs' paths."""
+    stem, written = os.path.splitext(json_path)[0], []
+    if record.get("steps"):
+        labels, values = [], []
+        for res in record["steps"]:
+            t = res["timings_ms"]
+            for key, label in (("momentum", "Momentum"), ("non_thor", "THOR non-THOR step"),
+                               ("thor_step", "THOR step")):
+                labels.append(f"{res['net']}: {label}")
+                values.append(t[key]["median_ms"])
+            labels.append(f"{res['net']}: THOR amortised f=100")
+            values.append(res["amortised_f100_ms"])
+        written.append(bar_plot(stem + "_steps.png", labels, values, "ms per step (median)",
+                                "THOR vs MindSpore Momentum, CPU, GRAPH_MODE, batch 32"))
+    if record.get("time_to_accuracy"):
+        tta_plot(record["time_to_accuracy"], stem + "_tta.png")
+        written.append(stem + "_tta.png")
+    return written
+
+
 def main(argv: Optional[List[str]] = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0],
                                      formatter_class=argparse.ArgumentDefaultsHelpFormatter)
@@ -257,17 +280,6 @@ def main(argv: Optional[List[str]] = None) -> int:
                   f"{split['factor_collection']:.1f} ms + inversion {split['inversion']:.1f} ms "
                   f"{split['unexplained']:+.1f} ms unexplained (the parts overlap)", flush=True)
             payload["steps"].append(res)
-        labels, values = [], []
-        for res in payload["steps"]:
-            t = res["timings_ms"]
-            for key, label in (("momentum", "Momentum"), ("non_thor", "THOR non-THOR step"),
-                               ("thor_step", "THOR step")):
-                labels.append(f"{res['net']}: {label}")
-                values.append(t[key]["median_ms"])
-            labels.append(f"{res['net']}: THOR amortised f=100")
-            values.append(res["amortised_f100_ms"])
-        bar_plot(os.path.join(args.out, f"bench_thor{suffix}_steps.png"), labels, values, "ms per step (median)",
-                 "THOR vs MindSpore Momentum, CPU, GRAPH_MODE, batch 32")
 
     if not args.skip_tta:
         epochs = args.tta_epochs or (2 if args.quick else 20)
@@ -283,9 +295,9 @@ def main(argv: Optional[List[str]] = None) -> int:
         print(f"  best THOR (lr {tta['best_thor_lr']}) {tta['thor_seconds']}s vs best Momentum "
               f"(lr {tta['best_momentum_lr']}) {tta['best_momentum_seconds']}s -> ratio "
               f"{'n/a' if ratio is None else f'{ratio:.2f}'} (target <= 0.7)")
-        tta_plot(tta, os.path.join(args.out, f"bench_thor{suffix}_tta.png"))
 
     path = write_json(os.path.join(args.out, f"bench_thor{suffix}.json"), payload)
+    plot_record(read_json(path), path)
     print(f"wrote {path}")
     return 0
 

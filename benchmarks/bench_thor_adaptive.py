@@ -88,7 +88,14 @@ if not __package__:
 
 from benchmarks._adaptive_summary import average_seeds, best_run, fmt, print_table, summarise  # noqa: E402
 from benchmarks._adaptive_tasks import TARGETS, TASKS, build_task, recipe_optimizer  # noqa: E402
-from benchmarks._common import RESULTS_DIR, float_list, save_figure, write_json  # noqa: E402
+from benchmarks._common import (  # noqa: E402
+    RESULTS_DIR,
+    float_list,
+    plotted_from,
+    read_json,
+    save_figure,
+    write_json,
+)
 
 ADAPTIVE = ("damping", "lr")
 #: the momentum of every THOR grid and Momentum run (and adaptive THOR's default)
@@ -270,8 +277,9 @@ def plot(path: str, runs: List[Dict], tasks: Sequence[str], title: str) -> None:
     runs = average_seeds(runs)
     adaptive_runs = max(sum(r["kind"] == "adaptive" for r in runs if r["task"] == name) for name in tasks)
     below = adaptive_runs > 2  # several momenta: the legend goes under the axes, off the curves
-    fig, axes = plt.subplots(1, len(tasks), figsize=(5.0 * len(tasks), 5.6 if below else 4.0), squeeze=False)
-    for ax, name in zip(axes[0], tasks):
+    # one task per row: the figure stays readable at the width of a page
+    fig, axes = plt.subplots(len(tasks), 1, figsize=(7.5, (5.2 if below else 3.8) * len(tasks)), squeeze=False)
+    for ax, name in zip(axes[:, 0], tasks):
         mine = [r for r in runs if r["task"] == name]
         for kind, colour in colours.items():
             group = [r for r in mine if r["kind"] == kind]
@@ -302,10 +310,10 @@ def plot(path: str, runs: List[Dict], tasks: Sequence[str], title: str) -> None:
         ax.set_ylabel(TASKS[name])
         ax.set_ylim(0.0, 1.02)
         if below:
-            ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.16), ncol=2)
+            ax.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.18), ncol=2)
         else:
-            ax.legend(fontsize=7, loc="lower right")
-    fig.suptitle(textwrap.fill(title, 60 * len(tasks)), fontsize=9)
+            ax.legend(fontsize=8, loc="lower right")
+    fig.suptitle(textwrap.fill(title, 95), fontsize=9)
     save_figure(fig, path)
 
 
@@ -317,16 +325,21 @@ def _title(settings: Dict) -> str:
             + (f"; mean of {settings['seeds']} seeds" if settings.get("seeds", 1) > 1 else ""))
 
 
+def plot_record(record: Dict, json_path: str) -> List[str]:
+    """Draw the curves of a record of this benchmark beside its JSON; returns the PNG's path."""
+    tasks = [t for t in record["settings"]["tasks"] if any(r["task"] == t for r in record["runs"])]
+    path = os.path.splitext(json_path)[0] + ".png"
+    plot(path, record["runs"], tasks, _title(record["settings"]))
+    return [path]
+
+
 # ----------------------------------------------------------------------------------- main
 def main(argv: Optional[Sequence[str]] = None) -> int:
     args = parse_args(argv)
     if args.replot:
-        import json
-
-        with open(args.out + ".json", encoding="utf-8") as handle:
-            saved = json.load(handle)
-        tasks = [t for t in saved["settings"]["tasks"] if any(r["task"] == t for r in saved["runs"])]
-        plot(args.out + ".png", saved["runs"], tasks, _title(saved["settings"]))
+        saved = read_json(args.out + ".json")
+        with plotted_from(saved):
+            plot_record(saved, args.out + ".json")
         return 0
     import mindspore as ms
 
@@ -376,10 +389,11 @@ def save(args, runs: List[Dict], wall: float, complete: bool = False) -> Dict:
     tasks = [t for t in args.tasks if any(r["task"] == t for r in runs)]
     summary = summarise(runs, tasks)
     settings = {k: v for k, v in vars(args).items() if k != "out"}
-    write_json(args.out + ".json", {"settings": settings, "complete": complete,
-                                    "targets": {t: TARGETS[t] for t in args.tasks},
-                                    "wall_seconds": wall, **summary, "runs": runs})
-    plot(args.out + ".png", runs, tasks, _title(settings))
+    path = write_json(args.out + ".json", {"settings": settings, "complete": complete,
+                                           "targets": {t: TARGETS[t] for t in args.tasks},
+                                           "wall_seconds": wall, **summary, "runs": runs})
+    if tasks:
+        plot_record(read_json(path), path)
     return summary
 
 

@@ -41,7 +41,7 @@ if not __package__:
         del sys.path[0]
     sys.path.insert(0, os.path.dirname(_HERE))
 
-from benchmarks._common import RESULTS_DIR, save_figure, write_json  # noqa: E402
+from benchmarks._common import RESULTS_DIR, plotted_from, read_json, save_figure, write_json  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 RECIPES = {name: os.path.join(ROOT, "model_zoo", "resnet", "configs", f"resnet50_imagenet2012_thor_{name}.yaml")
@@ -159,14 +159,19 @@ def plot(path: str, runs: List[Dict], recipes: Sequence[str]) -> None:
     save_figure(fig, path + ".png")
 
 
+def plot_record(record: Dict, json_path: str) -> List[str]:
+    """Draw the loss curves of a record of this benchmark beside its JSON; returns the PNG's path."""
+    stem = os.path.splitext(json_path)[0]
+    plot(stem, record["runs"], record["args"]["recipes"])
+    return [stem + ".png"]
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
     args = parse_args(argv)
     if args.replot:
-        import json
-
-        with open(args.out + ".json", encoding="utf-8") as handle:
-            saved = json.load(handle)
-        plot(args.out, saved["runs"], saved["args"]["recipes"])
+        saved = read_json(args.out + ".json")
+        with plotted_from(saved):
+            plot_record(saved, args.out + ".json")
         return 0
     import mindspore as ms
 
@@ -189,8 +194,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     payload = {"args": dict(vars(args)), "recipes": specs,
                "runs": runs, "final_loss_ratio_own_convention_over_kfc": ratios,
                "nan_counts": {f'{r["recipe"]}/{r["convention"]}': r["nan_count"] for r in runs}}
-    write_json(args.out + ".json", payload)
-    plot(args.out, runs, args.recipes)
+    plot_record(read_json(write_json(args.out + ".json", payload)), args.out + ".json")
     print(f"wrote {args.out}.json and {args.out}.png")
     return 0
 

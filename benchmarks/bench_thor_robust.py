@@ -16,9 +16,9 @@ decay, no gradient clipping, ``TrainOneStepCell``. A run is marked NaN as soon a
 finite (it stops there); its final test accuracy is measured on the held-out set otherwise.
 
 Output: ``benchmarks/results/bench_thor_robust.json`` (every run, the NaN counts per model,
-convention and kl_clip, the best configuration per model) and ``bench_thor_robust.png`` (heatmaps
-of final test accuracy, lr x damping per panel, one panel per model/convention/kl_clip/frequency;
-NaN runs drawn as a red "NaN" cell). Runs are sequential in one process (run it niced); ``--combine``
+convention and kl_clip, the best configuration per model) and ``bench_thor_robust_<model>.png`` (per
+model, heatmaps of final test accuracy, lr x damping per panel, a row per convention and a column per
+kl_clip/frequency; NaN runs drawn as a red "NaN" cell). Runs are sequential in one process (run it niced); ``--combine``
 merges the outputs of several such processes (e.g. one per model) into one JSON and heatmap.
 
     nice python benchmarks/bench_thor_robust.py                      # the whole grid
@@ -41,7 +41,7 @@ if not __package__:
         del sys.path[0]
     sys.path.insert(0, os.path.dirname(_HERE))
 
-from benchmarks._common import RESULTS_DIR, float_list, save_figure, write_json  # noqa: E402
+from benchmarks._common import RESULTS_DIR, float_list, read_json, save_figure, write_json  # noqa: E402
 
 MODELS = ("lenet", "resnet")
 
@@ -200,49 +200,62 @@ def summarise(runs: List[Dict]) -> Dict:
     return {"nan_counts": nan_counts, "best": best}
 
 
-def plot(path: str, runs: List[Dict], lrs, dampings, frequencies) -> None:
+def plot(stem: str, runs: List[Dict]) -> List[str]:
+    """One heat-map figure per model, ``<stem>_<model>.png``: a row per convention, a column per (kl_clip,
+    frequency), each panel the final test accuracy over the (lr, damping) grid, red where the run went NaN."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     import numpy as np
 
-    panels = sorted({(r["model"], r["convention"] or "default", _label(r["kl_clip"]), r["frequency"]) for r in runs},
-                    key=lambda p: (p[0], p[1], p[2], p[3]))
-    rows = sorted({(p[0], p[1]) for p in panels})
-    cols = sorted({(p[2], p[3]) for p in panels})
-    fig, axes = plt.subplots(len(rows), len(cols), figsize=(3.0 * len(cols) + 1, 2.6 * len(rows) + 0.6),
-                             squeeze=False)
-    index = {(r["model"], r["convention"] or "default", _label(r["kl_clip"]), r["frequency"], r["lr"],
-              r["damping"]): r for r in runs}
-    image = None
-    for i, (model, conv) in enumerate(rows):
-        for j, (kl, freq) in enumerate(cols):
-            ax = axes[i][j]
-            grid = np.full((len(lrs), len(dampings)), np.nan)
-            for a, lr in enumerate(lrs):
-                for b, damping in enumerate(dampings):
-                    run = index.get((model, conv, kl, freq, lr, damping))
-                    if run is None:
-                        continue
-                    if run["nan"]:
-                        ax.add_patch(plt.Rectangle((b - 0.5, a - 0.5), 1, 1, color="tab:red"))
-                        ax.text(b, a, "NaN", ha="center", va="center", color="white", fontsize=8, weight="bold")
-                    else:
-                        grid[a, b] = run["test_accuracy"]
-                        ax.text(b, a, f"{run['test_accuracy']:.2f}", ha="center", va="center", fontsize=8)
-            image = ax.imshow(grid, vmin=0.0, vmax=1.0, cmap="viridis", origin="lower")
-            ax.set_xticks(range(len(dampings)), [f"{d:g}" for d in dampings], fontsize=7)
-            ax.set_yticks(range(len(lrs)), [f"{x:g}" for x in lrs], fontsize=7)
-            ax.set_title(f"{model} {conv}\nkl_clip={kl} f={freq}", fontsize=8)
-            if j == 0:
-                ax.set_ylabel("lr", fontsize=8)
-            if i == len(rows) - 1:
-                ax.set_xlabel("damping", fontsize=8)
-    if image is not None:
-        fig.colorbar(image, ax=axes, shrink=0.6, label="final test accuracy")
-    fig.suptitle("THOR final test accuracy (red: NaN)", fontsize=10)
-    save_figure(fig, path, tight=False)
+    written = []
+    for model in sorted({r["model"] for r in runs}):
+        mine = [r for r in runs if r["model"] == model]
+        lrs, dampings = _axis(mine, "lr"), _axis(mine, "damping")
+        rows = sorted({r["convention"] or "default" for r in mine})
+        cols = sorted({(_label(r["kl_clip"]), r["frequency"]) for r in mine})
+        index = {(r["convention"] or "default", _label(r["kl_clip"]), r["frequency"], r["lr"], r["damping"]): r
+                 for r in mine}
+        fig, axes = plt.subplots(len(rows), len(cols), figsize=(2.2 * len(cols) + 1.6, 2.0 * len(rows) + 0.9),
+                                 squeeze=False, sharex=True, sharey=True)
+        image = None
+        for i, conv in enumerate(rows):
+            for j, (kl, freq) in enumerate(cols):
+                ax = axes[i][j]
+                grid = np.full((len(lrs), len(dampings)), np.nan)
+                for a, lr in enumerate(lrs):
+                    for b, damping in enumerate(dampings):
+                        run = index.get((conv, kl, freq, lr, damping))
+                        if run is None:
+                            continue
+                        if run["nan"]:
+                            ax.add_patch(plt.Rectangle((b - 0.5, a - 0.5), 1, 1, color="tab:red"))
+                            ax.text(b, a, "NaN", ha="center", va="center", color="white", fontsize=9, weight="bold")
+                        else:
+                            grid[a, b] = run["test_accuracy"]
+                            ax.text(b, a, f"{run['test_accuracy']:.2f}", ha="center", va="center", fontsize=9,
+                                    color="white" if run["test_accuracy"] < 0.5 else "black")
+                image = ax.imshow(grid, vmin=0.0, vmax=1.0, cmap="viridis", origin="lower")
+                ax.set_xticks(range(len(dampings)), [f"{d:g}" for d in dampings], fontsize=8)
+                ax.set_yticks(range(len(lrs)), [f"{x:g}" for x in lrs], fontsize=8)
+                if i == 0:
+                    ax.set_title(f"kl_clip {kl}\nfrequency {freq}", fontsize=9)
+                if j == 0:
+                    ax.set_ylabel(f"{conv}\nlr", fontsize=9)
+                if i == len(rows) - 1:
+                    ax.set_xlabel("damping", fontsize=9)
+        if image is not None:
+            fig.colorbar(image, ax=axes, shrink=0.7, label="final test accuracy")
+        fig.suptitle(f"THOR on {model}: final test accuracy per convention (rows) and setting (columns); red: NaN",
+                     fontsize=10)
+        written.append(save_figure(fig, f"{stem}_{model}.png", tight=False))
+    return written
+
+
+def plot_record(record: Dict, json_path: str) -> List[str]:
+    """Draw the heat-maps of a record of this benchmark beside its JSON; returns the PNGs' paths."""
+    return plot(os.path.splitext(json_path)[0], record["runs"])
 
 
 def _axis(runs: List[Dict], key: str) -> List:
@@ -261,10 +274,11 @@ def combine(paths: Sequence[str], out: str) -> int:
         runs += part["runs"]
         parts.append({"path": path, "command": part.get("command"), "wall_seconds": part.get("wall_seconds")})
     summary = summarise(runs)
-    write_json(out + ".json", {"combined_from": parts, "wall_seconds": sum(p["wall_seconds"] or 0 for p in parts),
-                               **summary, "runs": runs})
-    plot(out + ".png", runs, _axis(runs, "lr"), _axis(runs, "damping"), _axis(runs, "frequency"))
-    print(f"wrote {out}.json and {out}.png ({len(runs)} runs)")
+    path = write_json(out + ".json", {"combined_from": parts,
+                                      "wall_seconds": sum(p["wall_seconds"] or 0 for p in parts), **summary,
+                                      "runs": runs})
+    plot_record(read_json(path), path)
+    print(f"wrote {out}.json and its plots ({len(runs)} runs)")
     return 0
 
 
@@ -319,10 +333,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     for key, entry in summary["best"].items():
         print(f"best {key}: {entry}")
     print(f"wall time {wall:.0f}s for {len(runs)} runs")
-    write_json(args.out + ".json", {"settings": {k: v for k, v in vars(args).items() if k != "out"},
-                                    "conventions": conventions, "wall_seconds": wall, **summary, "runs": runs})
-    plot(args.out + ".png", runs, args.lrs, args.dampings, args.frequencies)
-    print(f"wrote {args.out}.json and {args.out}.png")
+    path = write_json(args.out + ".json", {"settings": {k: v for k, v in vars(args).items() if k != "out"},
+                                           "conventions": conventions, "wall_seconds": wall, **summary,
+                                           "runs": runs})
+    plot_record(read_json(path), path)
+    print(f"wrote {path} and its plots")
     return 0
 
 

@@ -44,7 +44,14 @@ if not __package__:
         del sys.path[0]
     sys.path.insert(0, os.path.dirname(_HERE))
 
-from benchmarks._common import RESULTS_DIR, bar_plot, interleaved_medians, set_thor_state, write_json  # noqa: E402
+from benchmarks._common import (  # noqa: E402
+    RESULTS_DIR,
+    bar_plot,
+    interleaved_medians,
+    read_json,
+    set_thor_state,
+    write_json,
+)
 
 CANDIDATES = ("unshared_thor", "shared_thor", "unshared_non_thor", "shared_non_thor")
 # the communication alone, on zeros of the real shapes
@@ -145,6 +152,21 @@ def summarise(ranks: List[Dict]) -> Dict:
     }
 
 
+def plot_record(record: Dict, json_path: str) -> List[str]:
+    """Draw the step and communication bars of a record of this benchmark beside its JSON; returns the PNG."""
+    ranks, slow, names = record["ranks"], record["slowest_rank_median_ms"], CANDIDATES + COMM
+    errors = [[slow[n] - max(r["timings_ms"][n]["p25_ms"] for r in ranks) for n in names],
+              [max(r["timings_ms"][n]["p75_ms"] for r in ranks) - slow[n] for n in names]]
+    errors = [[max(0.0, e) for e in side] for side in errors]
+    labels = ["THOR step, every rank inverts all", "THOR step, inversions shared", "non-THOR step, unshared",
+              "non-THOR step, shared", "factor AllReduce alone (ordered)", "factor AllReduce alone (unordered)",
+              "inverse sharing alone"]
+    title = (f"ResNet-18 (width {record['width']}, {record['image']}px, inverse='full'), 2 msrun CPU ranks: "
+             f"{record['thor_step_speedup']:.2f}x")
+    return [bar_plot(os.path.splitext(json_path)[0] + ".png", labels, [slow[n] for n in names],
+                     "ms (slowest rank's median)", title, errors=errors)]
+
+
 def main(argv: Optional[List[str]] = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0],
                                      formatter_class=argparse.ArgumentDefaultsHelpFormatter)
@@ -203,18 +225,8 @@ def main(argv: Optional[List[str]] = None) -> int:
           f"{summary['thor_step_overhead_ms']['unshared']:.0f} -> {summary['thor_step_overhead_ms']['shared']:.0f} ms; "
           f"ideal inversion speed-up of the assignment {summary['ideal_inversion_speedup']:.2f}x; "
           f"layers inverted per rank {summary['layers_inverted_per_rank']}")
-    names = CANDIDATES + COMM
-    errors = [[slow[n] - max(r["timings_ms"][n]["p25_ms"] for r in ranks) for n in names],
-              [max(r["timings_ms"][n]["p75_ms"] for r in ranks) - slow[n] for n in names]]
-    errors = [[max(0.0, e) for e in side] for side in errors]
-    bar_plot(os.path.join(args.out, f"{args.name}{suffix}.png"),
-             ["THOR step, every rank inverts all", "THOR step, inversions shared", "non-THOR step, unshared",
-              "non-THOR step, shared", "factor AllReduce alone (ordered)", "factor AllReduce alone (unordered)",
-              "inverse sharing alone"],
-             [slow[n] for n in names], "ms (slowest rank's median)",
-             f"ResNet-18 (width {args.width}, {args.image}px, inverse='full'), 2 msrun CPU ranks: "
-             f"{summary['thor_step_speedup']:.2f}x", errors=errors)
     path = write_json(os.path.join(args.out, f"{args.name}{suffix}.json"), payload)
+    plot_record(read_json(path), path)
     print(f"wrote {path}")
     return 0
 

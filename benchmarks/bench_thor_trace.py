@@ -40,7 +40,14 @@ if not __package__:
         del sys.path[0]
     sys.path.insert(0, os.path.dirname(_HERE))
 
-from benchmarks._common import RESULTS_DIR, interleaved_medians, save_figure, set_thor_state, write_json  # noqa: E402
+from benchmarks._common import (  # noqa: E402
+    RESULTS_DIR,
+    interleaved_medians,
+    read_json,
+    save_figure,
+    set_thor_state,
+    write_json,
+)
 
 GOAL = {"inversions_trace_vs_fixed": 0.5, "tta_trace_vs_fixed": 1.0}
 LR, LR_POWER, DAMPING, WEIGHT_DECAY, BATCH = 0.1, 2.0, 0.01, 1e-4, 32
@@ -196,35 +203,60 @@ def _ratio(a, b):
 
 
 def plot(runs: List[Dict], path: str, target: float, title: str) -> None:
+    """Accuracy against training seconds (colour: schedule, line style: frequency) and the inversions of each
+    (frequency, seed) pair, fixed and trace side by side."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    colours = {"fixed": "#4C72B0", "trace": "#DD8452"}
+    frequencies = sorted({r["frequency"] for r in runs}, reverse=True)
+    styles = dict(zip(frequencies, ("-", "--", ":", "-.")))
     fig, (ax, bx) = plt.subplots(1, 2, figsize=(11, 4.2))
+    labelled = set()
     for r in runs:
-        label = f"f={r['frequency']} seed {r['seed']} {r['schedule']}"
-        style = "-" if r["schedule"] == "trace" else "--"
-        ax.plot([h["seconds"] for h in r["history"]], [h["test_accuracy"] for h in r["history"]], style,
-                marker=".", label=label)
+        key = (r["schedule"], r["frequency"])
+        ax.plot([h["seconds"] for h in r["history"]], [h["test_accuracy"] for h in r["history"]],
+                styles.get(r["frequency"], "-"), color=colours[r["schedule"]], linewidth=1.3, alpha=0.85,
+                label=None if key in labelled else f"{r['schedule']}, frequency {r['frequency']}")
+        labelled.add(key)
+    lowest = min((h["test_accuracy"] for r in runs for h in r["history"][1:]), default=0.0)
     ax.axhline(target, color="grey", linestyle=":", linewidth=1)
     ax.set_xlabel("training seconds (evaluation excluded)")
     ax.set_ylabel("held-out accuracy")
-    ax.set_ylim(0, 1)
+    ax.set_ylim(0.5 if lowest > 0.5 else 0.0, 1.0)
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=8, loc="lower right")
+    ax.legend(fontsize=8, loc="lower right", title=f"each seed a line; target {target:g} dotted", title_fontsize=8)
     ax.set_title(title, fontsize=10)
-    labels = [f"f={r['frequency']} s{r['seed']}\n{r['schedule']}" for r in runs]
-    bars = bx.bar(range(len(runs)), [r["inversions"] for r in runs],
-                  color=["#4C72B0" if r["schedule"] == "fixed" else "#DD8452" for r in runs])
-    for bar, r in zip(bars, runs):
-        bx.annotate(f"{r['inversions']}", (bar.get_x() + bar.get_width() / 2, bar.get_height()), ha="center",
-                    va="bottom", fontsize=8)
-    bx.set_xticks(range(len(runs)))
-    bx.set_xticklabels(labels, fontsize=8)
+    pairs = sorted({(r["frequency"], r["seed"]) for r in runs}, key=lambda p: (-p[0], p[1]))
+    for offset, schedule in ((-0.2, "fixed"), (0.2, "trace")):
+        for i, pair in enumerate(pairs):
+            run = next((r for r in runs if (r["frequency"], r["seed"]) == pair and r["schedule"] == schedule), None)
+            if run is None:
+                continue
+            bar = bx.bar(i + offset, run["inversions"], 0.4, color=colours[schedule],
+                         label=schedule if i == 0 else None)[0]
+            bx.annotate(f"{run['inversions']}", (bar.get_x() + bar.get_width() / 2, bar.get_height()),
+                        ha="center", va="bottom", fontsize=8)
+    bx.set_xticks(range(len(pairs)))
+    bx.set_xticklabels([f"f={f}\nseed {seed}" for f, seed in pairs], fontsize=8)
     bx.set_ylabel("layer inversions until the target (or the cap)")
     bx.set_title("inversions performed", fontsize=10)
+    bx.legend(fontsize=8)
     save_figure(fig, path)
+
+
+def plot_record(record: Dict, json_path: str) -> List[str]:
+    """Draw the accuracy curves and inversion counts of a record of this benchmark beside its JSON
+    (``<stem>_tta.png``; nothing without training runs); returns the PNG's path."""
+    if not record.get("runs"):
+        return []
+    title = "LeNet5" if record["net"] == "lenet" else f"ResNet-18 (width {record['width']})"
+    path = os.path.splitext(json_path)[0] + "_tta.png"
+    plot(record["runs"], path, record["target"],
+         f"{title} on digits, CPU, inverse={record['inverse']!r}: accuracy vs time")
+    return [path]
 
 
 def main(argv: Optional[List[str]] = None) -> int:
@@ -300,16 +332,13 @@ def main(argv: Optional[List[str]] = None) -> int:
         comparisons.append(cmp)
         print("  trace/fixed: " + ", ".join(f"{k} {v:.2f}" if isinstance(v, float) else f"{k} {v}"
                                           for k, v in cmp.items() if k not in ("frequency", "seed")), flush=True)
-    if runs:
-        title = "LeNet5" if args.net == "lenet" else f"ResNet-18 (width {args.width})"
-        plot(runs, os.path.join(args.out, f"{args.name}{suffix}_tta.png"), args.target,
-             f"{title} on digits, CPU, inverse={args.inverse!r}: accuracy vs time")
     path = write_json(os.path.join(args.out, f"{args.name}{suffix}.json"),
                       {"quick": args.quick, "net": args.net, "width": args.width, "inverse": args.inverse,
                        "goal": GOAL, "epochs_cap": epochs, "target": args.target,
                        "trace_thresholds": list(thresholds), "recipe": {"lr": LR, "lr_power": LR_POWER,
                        "damping": DAMPING, "weight_decay": WEIGHT_DECAY, "batch": BATCH, "clip": True},
                        "thor_step_times": step_times, "comparisons": comparisons, "runs": runs})
+    plot_record(read_json(path), path)
     print(f"wrote {path}")
     return 0
 

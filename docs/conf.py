@@ -5,9 +5,12 @@ Built offline: no intersphinx, no remote images; the API pages are generated fro
 """
 from __future__ import annotations
 
+import ast
+import inspect
 import os
 import re
 import sys
+import textwrap
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), ".."))
 sys.path.insert(0, ROOT)
@@ -36,7 +39,8 @@ language = "en"
 autodoc_member_order = "bysource"
 autodoc_preserve_defaults = True  # show `lambda x: ...` as written, not <function>
 autodoc_typehints = "none"  # the signatures are MindSpore's; types are in the Args sections
-autodoc_default_options = {"members": False, "undoc-members": False}
+# No default options: a class page lists exactly the members its ``:members:`` option names (a default of
+# ``"members": False`` would override those lists and drop every method entry without a warning).
 autoclass_content = "class"
 add_module_names = True
 
@@ -83,5 +87,69 @@ def _plain_section_headings(app, what, name, obj, options, lines):
     lines[:] = out
 
 
+class _Source:
+    """A default value shown as its source text (``lambda x: ...``, ``mstype.float32``), not its repr."""
+
+    def __init__(self, text: str):
+        self.text = text
+
+    def __repr__(self) -> str:
+        return self.text
+
+
+def _constructor(cls):
+    """The ``__init__`` a call of ``cls`` runs: the first one defined along the MRO, or None for object's."""
+    for klass in cls.__mro__:
+        if "__init__" in vars(klass):
+            return None if klass is object else vars(klass)["__init__"]
+    return None
+
+
+def _source_defaults(func) -> dict:
+    """Parameter name -> the source text of its default, read from the ``def`` of ``func`` ({} if the source
+    cannot be read)."""
+    try:
+        source = textwrap.dedent(inspect.getsource(func))
+        node = ast.parse(source).body[0]
+    except (OSError, TypeError, SyntaxError, IndexError):
+        return {}
+    if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+        return {}
+    args = node.args
+    positional = args.posonlyargs + args.args
+    pairs = list(zip(positional[len(positional) - len(args.defaults):], args.defaults))
+    pairs += [(arg, default) for arg, default in zip(args.kwonlyargs, args.kw_defaults) if default is not None]
+    return {arg.arg: ast.get_source_segment(source, default) for arg, default in pairs}
+
+
+def class_signature(cls) -> str:
+    """The signature a call of ``cls`` takes: its ``__init__``'s without ``self``, without annotations, with
+    each default as written in the source (MindSpore's defaults, as the user would type them).
+
+    Autodoc would show ``(*args, **kwargs)`` for every ``mindspore.nn.Cell`` subclass: it prefers a
+    ``__new__`` to ``__init__``, and ``Cell`` defines ``__new__(cls, *args, **kwargs)``.
+    """
+    init = _constructor(cls)
+    if init is None:
+        return "()"
+    signature = inspect.signature(init)
+    texts = _source_defaults(init)
+    params = []
+    for param in list(signature.parameters.values())[1:]:  # without self
+        default = param.default
+        if default is not param.empty:
+            default = _Source(texts.get(param.name) or repr(default))
+        params.append(param.replace(annotation=param.empty, default=default))
+    return str(signature.replace(parameters=params, return_annotation=signature.empty))
+
+
+def _class_signature(app, what, name, obj, options, signature, return_annotation):
+    """``autodoc-process-signature``: every class shows :func:`class_signature`."""
+    if what == "class" and inspect.isclass(obj):
+        return class_signature(obj), None
+    return None
+
+
 def setup(app):
     app.connect("autodoc-process-docstring", _plain_section_headings, priority=100)
+    app.connect("autodoc-process-signature", _class_signature)

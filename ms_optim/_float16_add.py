@@ -3,9 +3,9 @@
 Why. On CPU, MindSpore 2.10's ``Add`` kernel keeps, for float16 operands, two 64-bit index arrays with
 one entry per output element (16 bytes per element against the 2 of the float16 result), made when the
 kernel first runs and kept for the life of the process; for float32 it keeps none. In a float16 ResNet
-(amp "O2"/"O3", which model-zoo trainers give THOR) every residual ``out + identity`` is such an ``Add``:
-measured with MindSpore's official/cv/ResNet trainer (ResNet-50, 224x224, batch 8) 32 arrays, 674 MiB,
-allocated in the forward pass of the first step (found by tracing the process's large ``malloc`` calls).
+(amp "O2"/"O3", which model-zoo trainers give THOR) every residual ``out + identity`` is such an ``Add``,
+so those arrays grow with the batch and the image, and stay (the benchmarks page has what the float32
+route saves at ResNet-50's training size).
 
 What. :func:`float16_add_via_float32` re-registers the graph meaning of ``+`` for two tensors so that,
 when both are float16 and of one static shape, the graph computes ``cast(cast(x, f32) + cast(y, f32),
@@ -55,9 +55,17 @@ def _add_tensors(x, y):
 
 
 def float16_add_via_float32() -> None:
-    """Make graphs compiled from now on add float16 tensors through float32 (same bits, see the module
-    docstring), in the whole process. Idempotent. ``ModelThor`` calls it on CPU when it builds its training
-    cell (``_build_train_network``, run at construction); :func:`restore_float16_add` undoes it."""
+    """Make graphs compiled from now on add float16 tensors of one shape through float32 (whole process).
+
+    On CPU, MindSpore's ``Add`` kernel keeps two 64-bit index arrays per output element of a float16 sum,
+    for the life of the process; for float32 it keeps none. ``cast(cast(x, f32) + cast(y, f32), f16)``
+    gives the same bits as the float16 sum (the float32 sum rounded once more to float16 is the correctly
+    rounded float16 sum), and its gradient is exact. Other pairs (other dtypes, broadcasting) keep
+    MindSpore's own ``+``; PYNATIVE's ``Tensor.__add__`` is not affected. Idempotent.
+
+    ``ms_optim.train_thor.ModelThor`` calls it on CPU when it builds its training cell (at construction);
+    :func:`ms_optim.restore_float16_add` undoes it.
+    """
     if not _STATE["installed"] and _MINDSPORE_ADD is not None:
         add_impl.add.register("Tensor", "Tensor")(_add_tensors)
         _STATE["installed"] = True
@@ -65,8 +73,8 @@ def float16_add_via_float32() -> None:
 
 def restore_float16_add() -> None:
     """Give ``+`` of two tensors MindSpore's own meaning again, for graphs compiled from now on (graphs
-    already compiled keep theirs): the undo of :func:`float16_add_via_float32`, e.g. after a ``ModelThor``
-    on CPU installed it. Idempotent; does nothing when it is not installed."""
+    already compiled keep theirs): the undo of :func:`ms_optim.float16_add_via_float32`, e.g. after a
+    ``ModelThor`` on CPU installed it. Idempotent; does nothing when it is not installed."""
     if _STATE["installed"]:
         add_impl.add.register("Tensor", "Tensor")(_MINDSPORE_ADD)
         _STATE["installed"] = False

@@ -8,22 +8,20 @@ separately (``mmap``), so they do not reuse that space. The process's resident m
 at the compiler's high-water mark for the whole training, and the first step's tensors come on top.
 
 THOR's training graph has several times the kernels of a plain step (the factor taps in the backward
-pass, the inversions, the preconditioning), and its compilation is correspondingly larger: measured
-on CPU with ResNet-50, the compiler leaves about 0.5 GiB freed but resident, which the peak of every
-later step then carries.
+pass, the inversions, the preconditioning), and its compilation is correspondingly larger, and so is
+the freed but resident memory the peak of every later step then carries.
 
 The first training steps do the same on a smaller scale: the host side of a step (the data pipeline's
 decoded batches, the runtime's launch bookkeeping, the fused kernels' scratch) frees what it allocated,
-while the memory pool behind the step's tensors is still growing in fresh mappings. Measured with
-MindSpore's model-zoo trainers (224x224 ResNet-50, batch 8; res2net-50 at 32x32), releasing before each
-of those steps as well lowered THOR's peak by 0.05 to 0.1 GiB with the same losses.
+while the memory pool behind the step's tensors is still growing in fresh mappings, so releasing before
+each of those steps as well lowers the peak again, with the same losses.
 
 What. :func:`release_freed_memory` asks glibc to return every free page of its heaps to the system
 (``malloc_trim(0)``; nothing that is in use moves or changes). :func:`release_after_compile` makes a
 training cell do that after its first compilation of each phase, and before any later call once the
 process's peak resident set (``getrusage``'s ``ru_maxrss``) has risen by :data:`REGROWTH_BYTES` since
 the last release: while the peak climbs over the first steps, and not at all once it has settled, so a
-step of milliseconds pays one ``getrusage`` call. ``ModelThor`` applies it to the training cell it
+settled step pays one ``getrusage`` call. ``ModelThor`` applies it to the training cell it
 builds. With a hand-written loop, compile first and release before the first step::
 
     train = nn.TrainOneStepCell(loss_net, opt)
@@ -77,8 +75,18 @@ def _malloc_trim() -> Optional[object]:
 def release_freed_memory() -> bool:
     """Return the C heap's free pages to the operating system; True if the C library can do it.
 
-    Only memory that is already free is released: no Tensor, Parameter or compiled graph is touched.
-    Takes milliseconds; call it after compiling a graph (see the module docstring).
+    MindSpore compiles a GRAPH_MODE cell in the process, with ``malloc``; glibc keeps what compilation frees
+    in its heaps, where the step's tensors (large blocks, mapped separately) never reuse it, so the
+    resident memory stays at the compiler's high-water mark for the whole run. This asks glibc to return
+    every free page (``malloc_trim(0)``): only memory that is already free is released, no Tensor,
+    Parameter or compiled graph is touched. Call it after compiling a graph and before the first step, as
+    ``ms_optim.train_thor.ModelThor``'s training cell does by itself. A no-op returning False on a C
+    library without ``malloc_trim`` (macOS, Windows, musl).
+
+    Examples:
+        >>> import ms_optim
+        >>> isinstance(ms_optim.release_freed_memory(), bool)
+        True
     """
     trim = _malloc_trim()
     if trim is None:

@@ -1,47 +1,14 @@
-"""The training cells: a loss-scaled training step that runs on every backend, with MindSpore's signature,
-and the plain step with the extra forward pass adaptive THOR needs.
+"""The training cells: the portable loss-scaled training cell (``ms_optim.nn.TrainOneStepWithLossScaleCell``)
+with the ``build_train_network`` that builds it on CPU (``ms_optim.amp.build_train_network``), and the plain
+``TrainOneStepCell`` (``ms_optim.nn.TrainOneStepCell``) that also runs the extra forward pass adaptive THOR
+needs.
 
-MindSpore 2.10's ``nn.TrainOneStepWithLossScaleCell`` detects overflow with a status op that has no
-CPU kernel (``NPUGetFloatStatusV2``), so on CPU it fails at the first step. This cell is a drop-in
-subclass with the same constructor ``(network, optimizer, scale_sense)`` and the same outputs
-``(loss, overflow, scale after the update)``, whose overflow test is made of portable ops:
-
-    overflow = not all(isfinite(g) for g in grads)      (OR-ed over data-parallel ranks)
-
-Each step: the loss's gradient is seeded with the current scale s, gradients are divided by s,
-all-reduced in data-parallel runs, tested for overflow, the scale manager (``scale_sense`` as a
-``DynamicLossScaleUpdateCell``/``FixedLossScaleUpdateCell``, or a Tensor) updates s, and the
-optimizer runs only when there was no overflow, so an overflowing step leaves parameters and
-every optimizer state untouched.
-
-A loss scale that cannot train is refused (``ms_optim._loss_scale_checks``): at construction, a
-``scale_sense`` Tensor that is NaN, infinite, <= 0 (ValueError) or of a bool or integer dtype (TypeError),
-and a Cell that is not a loss-scale update cell (TypeError); while training, a scale that a dynamic
-manager's updates drove to 0 or to a non-finite value stops the run before the step that would use it
-(ValueError naming the scale and the step; the parameters stay as after the previous step).
-``build_train_network`` and ``ModelThor`` refuse such a ``loss_scale_manager`` before building anything.
-
-For ``thor(..., learning_rate="adaptive")`` (the loss at the trial point) and
-``thor(..., damping="adaptive")`` (the damping rule's) it runs the extra forward pass after the optimizer
-(:class:`LossProbe`; not on an overflowing step), as this module's plain :class:`TrainOneStepCell` does. For
-an ms_optim THOR optimizer it also feeds the scale this step's backward pass used (read before the manager
-updates it) into the optimizer (``feed_loss_scale``), because the THOR layers' G factors carry that scale
-squared.
-
-``from ms_optim import nn`` gives this class as ``nn.TrainOneStepWithLossScaleCell``; ``ModelThor``
-uses it for ``DynamicLossScaleManager`` and ``FixedLossScaleManager(drop_overflow_update=True)``.
-Under ``ms_optim.use()`` (and ``python -m ms_optim.run``) it *is*
-``mindspore.nn.TrainOneStepWithLossScaleCell`` (and ``mindspore.nn.wrap...``), so a script's own subclass (the
-model zoo's Bert, Transformer and clip-by-global-norm cells) inherits this constructor, the attributes
-MindSpore's sets (``scale_sense``, ``loss_scaling_manager``, ``reducer_flag``, ``grad_reducer``,
-``allreduce``, ``is_distributed``, ``degree``, ...) and portable
-``start_overflow_check``/``get_overflow_status``/``process_loss_scale``.
-
-``build_train_network`` (what ``Model`` calls) is ``mindspore.amp.build_train_network`` except on CPU
-with a loss-scale manager that skips overflowing steps (``DynamicLossScaleManager``,
-``FixedLossScaleManager(drop_overflow_update=True)``, or amp level ``"O2"``'s default): MindSpore refuses
-those on CPU; here the network and loss are prepared by MindSpore's function as for a manager-less
-run, then wrapped in this cell. ``use()`` installs it as MindSpore's.
+MindSpore 2.10's own cell tests overflow with a status op that has no CPU kernel
+(``NPUGetFloatStatusV2``), and its ``build_train_network`` refuses an overflow-skipping manager on CPU; the
+classes here test overflow with ``ops.isfinite`` instead and otherwise keep MindSpore's constructor,
+attributes and outputs, so that ``use()`` can install them as MindSpore's own. With a THOR optimizer whose
+learning rate or damping is ``"adaptive"``, both cells run the network once more after the optimizer, on the
+steps the optimizer names, and hand it the two losses (:class:`LossProbe`).
 """
 from __future__ import annotations
 
@@ -228,17 +195,44 @@ class TrainOneStepCell(nn.TrainOneStepCell):
 
 
 class TrainOneStepWithLossScaleCell(nn.TrainOneStepWithLossScaleCell):
-    """``mindspore.nn.TrainOneStepWithLossScaleCell`` with a portable overflow test (runs on CPU too).
+    r"""``mindspore.nn.TrainOneStepWithLossScaleCell`` with a portable overflow test: runs on CPU too.
+
+    One call is one training step with loss scale :math:`s` (the current value of ``scale_sense``):
+
+    1. the loss and its gradients, the backward pass seeded with :math:`s`;
+    2. the gradients divided by :math:`s`, then averaged over the data-parallel ranks;
+    3. overflow :math:`= \lnot \bigwedge_j \mathrm{isfinite}(g_j)`, OR-ed over the ranks
+       (:meth:`get_overflow_status`);
+    4. the loss-scale manager's update cell updates :math:`s` from the overflow flag;
+    5. only without overflow: the optimizer runs, so an overflowing step leaves every parameter and every
+       optimizer state as it was.
+
+    For a THOR optimizer (:func:`ms_optim.nn.thor`) the cell also tells the optimizer the scale of this
+    step's backward pass (its factors carry it squared), and with ``learning_rate`` or ``damping``
+    ``"adaptive"`` it runs the extra forward pass those need after the optimizer (see
+    :ref:`thor-adaptive-damping`). A scale that cannot train is refused: when the cell is built (the
+    constructor's ``scale_sense``) and before a step whose scale a dynamic manager drove to 0 or to a
+    non-finite value.
+
+    Under ``ms_optim.use()`` this class *is* ``mindspore.nn.TrainOneStepWithLossScaleCell``, so a
+    script's own subclass inherits this constructor, MindSpore's attributes (``scale_sense``,
+    ``loss_scaling_manager``, ``reducer_flag``, ``grad_reducer``, ``allreduce``, ``is_distributed``,
+    ``degree``, ...), MindSpore's ``process_loss_scale`` and the portable :meth:`start_overflow_check` and
+    :meth:`get_overflow_status`.
 
     Args:
         network (Cell): the network with its loss (e.g. ``nn.WithLossCell``).
         optimizer (Cell): the optimizer (any ``mindspore.nn.Optimizer``, ms_optim's included).
-        scale_sense (Union[Tensor, Cell]): the loss scale as a Tensor, or the update cell of a loss-scale
-            manager (``DynamicLossScaleManager(...).get_update_cell()``).
+        scale_sense (Union[Tensor, Cell]): the loss scale as a floating-point Tensor of shape () or (1,),
+            or the update cell of a loss-scale manager (``DynamicLossScaleManager(...).get_update_cell()``,
+            ``FixedLossScaleManager(...).get_update_cell()``).
+
+    Inputs:
+        *inputs (Tensor): the inputs of ``network`` (data and label).
 
     Outputs:
-        Tuple of (loss, overflow, scale): the loss, whether this step overflowed (bool Tensor), and the
-        loss scale after this step's update (as MindSpore's cell returns it).
+        tuple[Tensor]: ``(loss, overflow, scale)``: the loss, whether this step overflowed (bool), and the
+        loss scale after this step's update, as MindSpore's cell returns them.
 
     Besides MindSpore's attributes, ``loss_scale_step`` (an int32 Parameter) counts the steps run; the error
     that stops a run whose scale went bad names that step.
@@ -273,14 +267,17 @@ class TrainOneStepWithLossScaleCell(nn.TrainOneStepWithLossScaleCell):
             self.degree = 1
         self.overflow_status = Tensor(np.zeros(8, np.int32))  # start_overflow_check's placeholder, made once
         self.feeds_loss_scale = callable(getattr(optimizer, "feed_loss_scale", None))
-        # thor(..., learning_rate or damping="adaptive"): the extra forward pass (LossProbe)
+        # thor(..., learning_rate or damping="adaptive"): the extra forward pass
         self.loss_probe = loss_probe_for(network, optimizer)
-        # with the probe: the loss from the gradient's own forward (LossAndGrads)
+        # with the probe: the loss from the gradient's own forward
         self.loss_and_grads = None if self.loss_probe is None else LossAndGrads(network, self.weights)
 
     def set_sense_scale(self, sens):
-        """Set a Tensor ``scale_sense`` to ``sens`` (as MindSpore's), refused as the constructor
-        refuses it."""
+        """Set the loss scale to the Tensor ``sens``, as MindSpore's cell does.
+
+        Raises:
+            TypeError, ValueError: as the constructor for ``scale_sense``; the scale is then left as it was.
+        """
         if isinstance(sens, Tensor):
             check_scale_sense(sens)
         super().set_sense_scale(sens)
@@ -343,10 +340,11 @@ def build_train_network(network, optimizer, loss_fn=None, level="O0", boost_leve
     Same arguments, defaults and result as MindSpore's. On CPU, when the loss-scale manager (the
     ``loss_scale_manager`` keyword, else the level's default: ``DynamicLossScaleManager()`` for ``"O2"``)
     can skip overflowing steps, MindSpore raises ValueError; here MindSpore's function prepares the network
-    and loss (mixed precision, loss cell) without a manager, and the result is this module's
-    :class:`TrainOneStepWithLossScaleCell` with the manager's update cell. For a THOR optimizer with
-    ``learning_rate`` or ``damping`` "adaptive", a plain training step is ms_optim's ``TrainOneStepCell``
-    (MindSpore's, plus the extra forward pass that optimizer needs). Everything else is MindSpore's.
+    and loss (mixed precision, loss cell) without a manager, and the result is
+    :class:`ms_optim.nn.TrainOneStepWithLossScaleCell` with the manager's update cell. For a THOR
+    optimizer with ``learning_rate`` or ``damping`` "adaptive", a plain training step is
+    :class:`ms_optim.nn.TrainOneStepCell` (MindSpore's, plus the extra forward pass that optimizer
+    needs). Everything else is MindSpore's.
 
     Raises:
         TypeError, ValueError: a ``loss_scale_manager`` whose loss scale (or a dynamic manager's

@@ -45,125 +45,98 @@ def thor(net, learning_rate, damping, momentum, weight_decay=0.0, loss_scale=1.0
          damping_bounds=None):
     r"""THOR, the second-order optimizer, with the signature of MindSpore's THOR factory, on every backend.
 
-    Validates every argument first (a refused call leaves ``net`` untouched), then converts ``net``
-    in place (``nn.Dense``/``nn.Conv2d``/``nn.Embedding`` -> their THOR versions, which collect the
-    factors A and G), then returns the optimizer Cell (:class:`ThorOptimizer`). The update rule is in
-    ``ms_optim._thor.step.optimizer``'s docstring: on steps ``0, f, 2f, ...`` the damped inverses
-    ``(A + sqrt(damping[t]) I)^-1`` and ``(G + sqrt(damping[t]) I)^-1`` are recomputed; every step the
-    weight gradients become ``G^-1 dW A^-1``, then weight decay, optional per-tensor clipping to
-    norm 1 and momentum (``accum = m * accum + g; w -= lr[t] * accum``) follow.
+    Converts ``net`` in place (every trainable ``nn.Dense``, ``nn.Conv2d`` of group 1 and ``nn.Embedding``
+    becomes its THOR layer, which collects the Kronecker factors :math:`A` and :math:`G` of its block of the
+    Fisher matrix; ``nn.Conv1d`` too under ``factor_convention="kfc"``) and returns the optimizer. Every
+    argument is checked first: a refused call leaves ``net`` untouched.
+
+    On a THOR step, :math:`t \bmod f = 0` with :math:`f` = ``frequency``, every layer's factors are inverted
+    with the damping :math:`\gamma_t = \sqrt{d_t}`; every step then preconditions each layer's weight
+    gradient :math:`g` (divided by the loss scale) and applies weight decay and momentum:
+
+    .. math::
+        \hat A^{-1} = (A + \gamma_t I)^{-1}, \qquad \hat G^{-1} = (G + \gamma_t I)^{-1}, \qquad
+        u = \hat G^{-1} g\, \hat A^{-1} + \lambda_w w, \qquad
+        v \leftarrow \mu v + u, \qquad w \leftarrow w - \eta_t v
+
+    with, for a Dense layer under ``"kfc"``, :math:`A = \frac{1}{N}\sum_n a_n a_n^{\top}` (its :math:`N`
+    input rows) and :math:`G = N \sum_n D_n D_n^{\top}` (:math:`D = \partial L / \partial s`, the gradient of
+    its output). :ref:`thor-algorithm` has the factors of every layer kind, the block-diagonal inverses, the
+    Embedding and LayerNorm rules and gradient clipping; the options below link to their own sections. The
+    algorithm is Chen et al., `THOR: Trace-based Hardware-driven Layer-Oriented Natural Gradient Descent
+    Computation <https://www.aaai.org/AAAI21Papers/AAAI-6611.ChenM.pdf>`_ (AAAI 2021), of the K-FAC family
+    (Martens and Grosse, `Optimizing Neural Networks with Kronecker-factored Approximate Curvature
+    <https://arxiv.org/abs/1503.05671>`_, ICML 2015).
 
     Args:
         net (Cell): the training network (converted in place).
-        learning_rate (Union[Tensor, str]): per-step learning rates (1-D, indexed by the step) or one 0-D
-            value. Or ``"adaptive"``: no schedule; every step is ``alpha x + beta y``, x the new
-            preconditioned direction (after weight decay and clipping) and y the previous update, from THOR's
-            quadratic model ``1/2 w^T M w + b^T w`` (M from the stored factors plus ``damping`` times the
-            identity, scaled by a calibration measured every step from the loss at a trial point on the same
-            batch, an extra forward pass of the training cell; b from the step's gradients):
-            ``beta = momentum`` and ``alpha = (1 - momentum) * (-b0 / M00)`` (the model's step along x,
-            averaged over steps by the momentum), or with ``momentum="adaptive"`` the ``(alpha, beta)``
-            minimising the model (a 2x2 solve, the 1-D step ``(-b0 / M00, 0)`` when that system is singular
-            or not finite); no step when the model gives no finite step or the trial raised the loss;
-            ``kl_clip`` is the trust region ``w^T M w <= kl_clip`` and ``use_nesterov`` must be False. Works
-            with a damping Tensor and with ``damping="adaptive"`` (``ms_optim._thor.step.quadratic_rule`` has
-            the formulas). Train with ``ms_optim.nn.TrainOneStepCell``,
-            ``ms_optim.nn.TrainOneStepWithLossScaleCell`` or ``ModelThor``, which run that pass.
-        damping (Union[Tensor, str]): per-step damping (1-D) or one 0-D value; ``sqrt(damping)`` is added to
-            the factors' diagonals. Or ``"adaptive"``: no schedule; the damping starts from a heuristic on
-            the first step's factors and follows a Levenberg-Marquardt rule on the reduction ratio (the loss
-            change of a step over the change THOR's quadratic model predicted), measured every
-            ``adapt_every`` steps with an extra forward pass of the training cell; the inverses are
-            recomputed when it changes (``ms_optim._thor.step.damping`` has the formulas). Train with
-            ``ms_optim.nn.TrainOneStepCell``, ``ms_optim.nn.TrainOneStepWithLossScaleCell`` or ``ModelThor``,
-            which run that pass.
-        momentum (Union[float, str]): momentum, at least 0.0; below 1.0 with ``learning_rate="adaptive"``,
+        learning_rate (Union[Tensor, str]): :math:`\eta_t`: per-step learning rates (1-D, indexed by the
+            step) or one 0-D value. Or ``"adaptive"``: no schedule; the step size comes from THOR's quadratic
+            model, calibrated on each batch by one extra forward pass of the training cell
+            (:ref:`thor-adaptive-lr`).
+        damping (Union[Tensor, str]): :math:`d_t`: per-step damping (1-D) or one 0-D value. Or
+            ``"adaptive"``: no schedule; a Levenberg-Marquardt rule on the reduction ratio, measured every
+            ``adapt_every`` steps with an extra forward pass of the training cell
+            (:ref:`thor-adaptive-damping`).
+        momentum (Union[float, str]): :math:`\mu`, at least 0.0; below 1.0 with ``learning_rate="adaptive"``,
             where it may also be ``"adaptive"`` (chosen by the quadratic model each step).
-        weight_decay (int, float): L2 penalty ``wd * w`` added on parameters ``decay_filter`` keeps.
-            Default: 0.0.
-        loss_scale (int, float): the static loss scale the gradients carry (divided out). G is divided
-            by the square of ``factor_loss_scale``, which starts at this value; a dynamic loss-scale
-            cell feeds the live scale with ``feed_loss_scale`` (see :class:`ThorOptimizer`).
-            Greater than 0. Default: 1.0.
-        batch_size (int): the batch size B, used by the LayerNorm rule ``g / (g^2 / B + sqrt(damping))``
-            (a float with a whole value is taken as that int, as MindSpore's thor takes it). Default: 32.
+        weight_decay (Union[int, float]): :math:`\lambda_w`, added to the preconditioned gradient of the
+            parameters ``decay_filter`` keeps. Default: 0.0.
+        loss_scale (Union[int, float]): the static loss scale the gradients carry, divided out
+            (:ref:`thor-loss-scaling`). Greater than 0. Default: 1.0.
+        batch_size (int): the batch size of the LayerNorm rule and of the ``"gpu"``/``"ascend"``
+            normalisations (a float with a whole value is taken as that int, as MindSpore's thor takes it).
+            Default: 32.
         use_nesterov (bool): Nesterov momentum. Default: False.
-        decay_filter (function): parameter -> bool, which parameters get weight decay.
-            Default: all of them.
-        split_indices (list[int]): data-parallel all-reduce groups of the factors, split after these
-            layer indices (strictly increasing; an index past the last THOR layer splits nothing and is
-            ignored with a warning). Read only in data-parallel training, as MindSpore's. Default: None
-            (one group).
+        decay_filter (function): parameter -> bool, which parameters get weight decay. Default: all of them.
+        split_indices (list[int]): data-parallel all-reduce groups of the factors, split after these layer
+            indices (strictly increasing; an index past the last THOR layer splits nothing and is ignored with
+            a warning). Read only in data-parallel training, as MindSpore's. Default: None (one group).
         enable_clip_grad (bool): clip every preconditioned gradient to L2 norm 1 (an int counts as its truth
             value, as in MindSpore's thor). Default: False.
-        frequency (int): recompute factors and inverses every ``frequency`` steps; at least 2.
-            Default: 100.
-        inverse (str, keyword-only): ``"blocked"`` (diagonal blocks of ``block_size``, the default on
-            every device, as MindSpore's GPU and Ascend kernels) or ``"full"`` (whole-matrix inverses).
-        block_size (int, keyword-only): width of the diagonal blocks. Default: 128.
-        kl_clip (float, keyword-only): None (default: no clipping, MindSpore's THOR exactly) or ``c > 0``
-            (with ``learning_rate="adaptive"``: the trust region of the solved step, see there):
-            every step, with ``g`` the gradients (divided by the loss scale) and ``v`` the preconditioned
-            gradients of ALL trainable parameters (``v = g`` for parameters THOR does not precondition),
-            taken after preconditioning and before weight decay, clipping and momentum, every ``v`` is
-            multiplied by ``nu = min(1, sqrt(c / (lr[t]^2 * |sum v . g|)))`` (``nu = 1`` when that
-            denominator is 0 or not finite): kfac-pytorch's KL clipping (``ms_optim._thor.step.kl_clip``).
-        factor_convention (str, keyword-only): how A, G and the damping are normalised
-            (``ms_optim._thor.net.conventions`` has the exact formulas and what differs from MindSpore);
-            ``A_e``/``G_e`` are the factors the rule above inverts with ``sqrt(damping)``. With N rows
-            (Dense/Embedding), ``in`` input features, ``counts`` the id counts, B the batch, T = Ho*Wo,
-            ``n = B*T``, ``bs = batch_size``, conv patches p and output gradients d (``pm``/``dm`` their
-            batch means):
-
-            * ``"kfc"``: Dense ``A_e = a^T a / N``, ``G_e = N d^T d``; Conv2d ``A_e = sum p p^T / n``,
-              ``G_e = B sum d d^T``; Embedding ``A_e = counts / N``, ``G_e = N d^T d`` (KFC).
-            * ``"gpu"`` (MindSpore on GPU): Dense ``A_e = a^T a / in``, ``G_e = bs^2 / N d^T d``; Conv2d
-              ``A_e = sum_t pm pm^T / sqrt(T)``, ``G_e = bs^2 / sqrt(T) sum_t dm dm^T`` (MindSpore's
-              damping ``sqrt(d / T)`` and inverses times ``sqrt(1 / T)``, folded in); Embedding
-              ``A_e = counts / bs``, ``G_e = bs^2 / N d^T d``.
-            * ``"ascend"`` (MindSpore on Ascend): Dense ``A_e = a^T a / N``, ``G_e = bs^2 / N d^T d``;
-              Conv2d, with ``c = n / bs``, ``A_e = sqrt(c) sum p p^T / n``, ``G_e = sqrt(c) bs^2 / n
-              sum d d^T`` (MindSpore's damping ``sqrt(d bs / n)`` and product factor ``bs / n``,
-              folded in); Embedding as gpu.
-            * ``"auto"`` (default): ``"gpu"`` if MindSpore's ``device_target`` is GPU, ``"ascend"`` if
-              Ascend, ``"kfc"`` on CPU (why: ``ms_optim._thor.net.conventions``).
-
-            LayerNorm and everything else do not depend on it. The resolved value is the optimizer's
-            ``factor_convention``.
-        distribute_inverses (bool, keyword-only): under data parallelism with R > 1 ranks, each layer's
-            inversion is done by one rank only (owners balanced by the cost ``sum w^3`` over the A and G
-            blocks of width ``w``, greedy longest-processing-time, the same on every rank) and the inverses
-            are shared by a summing AllReduce of zero-padded contributions, fused in the ``split_indices``
-            groups: the same numbers, 1/R of the inversion work per rank (KAISA;
-            ``ms_optim._thor.inversion.owners``). Changes nothing on one device. Refused (ValueError) with a
-            ``factor_convention`` that resolves to ``"gpu"`` or ``"ascend"``: those average each rank's own
-            inverses, as MindSpore does (``ms_optim._thor.inversion.averaged``), so there is no identical
-            inversion to share. Default: False.
-        trace_thresholds (keyword-only): None (default: every layer re-inverted on every THOR step,
-            MindSpore's THOR exactly), a number ``omega`` or a pair ``(omega_1, omega_2)``,
-            ``omega_1 >= omega_2 >= 0``: THOR's trace rule; on a THOR step layer i is re-inverted only if the
-            relative change ``Delta_i = |T_i - T_i^last| / T_i^last`` of ``T_i = tr(A) tr(G)`` since its last
-            inversion is ``>= omega_1``, or ``>= omega_2`` once its interval (doubling after each such
-            refresh) has elapsed (``ms_optim._thor.inversion.trace``: the rule, its state Parameters and the
-            inversion counters).
-        adapt_every (int, keyword-only): with ``damping="adaptive"``, steps between two damping adaptations
-            (at least 1). Default: None (5, Martens & Grosse's and kfac-jax's interval).
-        damping_bounds (keyword-only): with ``damping="adaptive"``, ``(low, high)``, ``0 < low <= high``: the
-            range the damping is clipped to. Default: None (``(1e-8, 1e4)``).
+        frequency (int): :math:`f`: recompute the factors and their inverses every ``frequency`` steps; at
+            least 2. Default: 100.
+        inverse (str): keyword-only. ``"blocked"`` (diagonal blocks of ``block_size``, as MindSpore's GPU and
+            Ascend kernels; the default on every device) or ``"full"`` (whole-matrix inverses).
+        block_size (int): keyword-only. The width of the diagonal blocks. Default: 128.
+        kl_clip (float): keyword-only. None (no clipping: MindSpore's THOR) or :math:`c > 0`: KL clipping
+            of the preconditioned gradients (:ref:`thor-kl-clip`); with ``learning_rate="adaptive"``, the
+            trust region of its step. Default: None.
+        factor_convention (str): keyword-only. How :math:`A`, :math:`G` and the damping are normalised:
+            ``"kfc"``, MindSpore's ``"gpu"`` or ``"ascend"`` (one table: :ref:`thor-conventions`), or
+            ``"auto"``: ``"gpu"`` if MindSpore's ``device_target`` is GPU, ``"ascend"`` on Ascend, ``"kfc"``
+            on CPU. The resolved value is the optimizer's ``factor_convention``. Default: ``"auto"``.
+        distribute_inverses (bool): keyword-only. In data-parallel training, each layer is inverted by one
+            rank and the inverses are shared: the same numbers, 1/R of the inversion work per rank
+            (:ref:`thor-distribute-inverses`). Refused with the ``"gpu"`` and ``"ascend"`` conventions.
+            Default: False.
+        trace_thresholds (Union[float, tuple[float, float]]): keyword-only. None (every layer re-inverted on
+            every THOR step: MindSpore's THOR), :math:`\omega` or :math:`(\omega_1, \omega_2)` with
+            :math:`\omega_1 \ge \omega_2 \ge 0`: THOR's trace rule, which re-inverts only the layers whose
+            Fisher block changed (:ref:`thor-trace`). Default: None.
+        adapt_every (int): keyword-only. With ``damping="adaptive"``, the steps between two adaptations (at
+            least 1). Default: None (5).
+        damping_bounds (tuple[float, float]): keyword-only. With ``damping="adaptive"``, ``(low, high)``,
+            :math:`0 < \text{low} \le \text{high}`: the range of the damping. Default: None (``(1e-8, 1e4)``).
 
     Returns:
-        ThorOptimizer, a ``mindspore.nn.Optimizer``.
+        Optimizer: a ``mindspore.nn.Optimizer`` over ``net.trainable_params()``, so ``Model``, training cells,
+        loss-scale managers and checkpoints work as with MindSpore's optimizers. Besides ``nn.Optimizer``'s:
+        ``get_frequency()``; ``factor_convention``; ``feed_loss_scale(scale)``, by which a training cell with
+        a dynamic loss scale passes the scale of the step's backward pass (ms_optim's cells do); with
+        ``trace_thresholds``, ``trace.inversions`` (the inversions per layer). With ``learning_rate`` or
+        ``damping`` ``"adaptive"``, train it with :class:`ms_optim.nn.TrainOneStepCell`,
+        :class:`ms_optim.nn.TrainOneStepWithLossScaleCell`, ``ModelThor`` or MindSpore's ``Model`` under
+        ``ms_optim.use()``: they run its extra forward pass.
 
     Raises:
         TypeError: If `learning_rate` or `damping` is neither a Tensor nor a str; if
             `damping_bounds` is not None or a pair of numbers; if `adapt_every` is not an int.
         TypeError: If `momentum` is not a float or 'adaptive', `frequency` not an int, `batch_size` not an
             int or float, `loss_scale`, `weight_decay` or `kl_clip` (unless None) not a number,
-            `use_nesterov` not a bool,
-            `enable_clip_grad` not a bool or int,
-            `decay_filter` not callable, `split_indices` not a list of ints, `net` not a Cell,
-            `factor_convention` not a str, `distribute_inverses` not a bool, `trace_thresholds` not None,
-            a number or a pair of numbers.
+            `use_nesterov` not a bool, `enable_clip_grad` not a bool or int, `decay_filter` not callable,
+            `split_indices` not a list of ints, `net` not a Cell, `factor_convention` not a str,
+            `distribute_inverses` not a bool, `trace_thresholds` not None, a number or a pair of numbers.
         ValueError: If `factor_convention` is not 'auto', 'gpu', 'ascend' or 'kfc'; if `distribute_inverses`
             is True and `factor_convention` resolves to 'gpu' or 'ascend'.
         ValueError: If `loss_scale`, `batch_size` or `kl_clip` is not positive.
@@ -175,9 +148,9 @@ def thor(net, learning_rate, damping, momentum, weight_decay=0.0, loss_scale=1.0
             int32; if `batch_size` is a float with a fractional part.
         ValueError: If `learning_rate`/`damping` is empty, not 0-D/1-D, or holds a negative or
             non-finite value; in data-parallel training, if `split_indices` is not strictly increasing
-            non-negative ints; if
-            `net` has no layer THOR can precondition or no trainable parameter; if `net` is itself a
-            bare plain layer (``nn.Dense``, ...), which cannot be replaced in place: wrap it in a Cell.
+            non-negative ints; if `net` has no layer THOR can precondition or no trainable parameter; if
+            `net` is itself a bare plain layer (``nn.Dense``, ...), which cannot be replaced in place: wrap
+            it in a Cell.
         ValueError: If `learning_rate` is a str other than 'adaptive'; if `learning_rate` is 'adaptive' and
             `use_nesterov` True or `momentum` 1.0 or more; if `momentum` is 'adaptive' and `learning_rate`
             is not.
@@ -185,8 +158,8 @@ def thor(net, learning_rate, damping, momentum, weight_decay=0.0, loss_scale=1.0
             with a damping Tensor; if `adapt_every` is less than 1 or beyond int32; if `damping_bounds` is not
             ``(low, high)`` with ``0 < low <= high`` finite in float32; if `damping` is 'adaptive' and
             `use_nesterov` True.
-        ValueError (at run time): If the step runs past the end of a `learning_rate` or `damping` Tensor.
-        RuntimeError (when the step is compiled): If `learning_rate` or `damping` is 'adaptive' and the
+        ValueError: At run time, if the step runs past the end of a `learning_rate` or `damping` Tensor.
+        RuntimeError: When the step is compiled, if `learning_rate` or `damping` is 'adaptive' and the
             optimizer is stepped by a cell that does not run the extra forward pass (MindSpore's own
             ``nn.TrainOneStepCell``, or ``Model`` without ``ms_optim.use()``).
 

@@ -1,46 +1,8 @@
-"""The THOR training Model: a ``mindspore.train.Model`` whose dataset-sink loop works on every backend.
+"""The THOR training Model (``ModelThor``) and ``ConvertModelUtils.convert_to_thor_model``, which makes one.
 
-``ModelThor`` trains any network/optimizer pair (it is tested with ``nn.Momentum`` as well as with
-THOR); what makes it the THOR model is that its dataset-sink loop is implemented here, on the host,
-identically on CPU, GPU and Ascend:
-
-* ``dataset_sink_mode=True``: every epoch runs ``sink_size`` training steps (the whole dataset when
-  ``sink_size == -1``), reading the dataset as one continuous stream (an epoch that ends in the
-  middle of the data set is continued by the next one). Callbacks see MindSpore's sink semantics:
-  ``step_begin``/``step_end`` once per sink, ``cur_step_num`` advancing by ``sink_size``,
-  ``cur_epoch_num`` the epoch, ``net_outputs`` the output of the sink's last step, ``batch_num ==
-  sink_size``. (MindSpore's ``Model`` silently falls back to step-by-step training on CPU.)
-* ``dataset_sink_mode=False``: MindSpore's step-by-step loop (``step_end`` after every step).
-
-The THOR schedule (THOR steps 0, f, 2f, ...) is owned by the optimizer's ``global_step`` and the
-layers' ``thor_flag`` (see ``ms_optim._thor``), so both loops, any ``sink_size``, and plain
-``TrainOneStepCell`` training give the same trajectory; the Model toggles nothing.
-
-The training cell is built as MindSpore's ``Model`` builds it (``amp_level`` O0/O1/O2/O3/auto,
-``keep_batchnorm_fp32``, loss wrapping), with one portable difference in loss scaling:
-
-* no manager: ``TrainOneStepCell`` (sens 1; ms_optim's, ``ms_optim._thor.probe``: MindSpore's cell, plus the
-  extra forward pass of ``thor(..., learning_rate="adaptive")`` and ``thor(..., damping="adaptive")``);
-* ``FixedLossScaleManager(s, drop_overflow_update=False)``: ``TrainOneStepCell`` with ``sens = s``;
-  the gradients reach the optimizer multiplied by ``s`` (THOR's ``loss_scale`` divides it out);
-* ``DynamicLossScaleManager`` or ``FixedLossScaleManager(drop_overflow_update=True)``: a
-  ``TrainOneStepWithLossScaleCell`` (``ms_optim.loss_scale``) whose overflow test is written with
-  ``ops.isfinite`` (all-reduced over data-parallel ranks), so it also runs on CPU, where MindSpore's
-  own cell needs an Ascend-only status op. Gradients are unscaled before the optimizer and an
-  overflowing step is skipped. For a THOR optimizer the cell feeds the scale this step's backward
-  used (before the manager updates it) into the optimizer's ``factor_loss_scale``, by which the
-  layers' G are unscaled.
-
-A manager whose loss scale (or a dynamic manager's ``scale_factor``) is NaN, infinite or <= 0 is refused
-before anything is built, with the error ``Model`` gives under ``ms_optim.use()``
-(``ms_optim._loss_scale_checks.check_loss_scale_manager``).
-
-Memory. The training cell returns the memory its compilation freed to the operating system once
-it is compiled (``ms_optim.release_freed_memory``, see ``ms_optim._memory``): THOR's graph is several
-times a plain step's, and on ResNet-50 this takes about 0.5 GiB off every later step's peak.
-
-``ConvertModelUtils.convert_to_thor_model`` turns a ``Model`` built for an ms_optim THOR optimizer
-into a ``ModelThor``; for any other optimizer it returns the model unchanged.
+``ModelThor`` is a ``mindspore.train.Model`` whose dataset-sink loop is implemented here, on the host, the
+same on every backend, and whose training cell is built with the portable loss-scale cell; what a user sees
+of it is stated once, in its class docstring.
 """
 from __future__ import annotations
 
@@ -86,19 +48,51 @@ def _cycle(dataset, num_epochs: int) -> Iterator[Tuple]:
 
 
 class ModelThor(Model):
-    """MindSpore's ``Model`` with a host-side dataset-sink loop that runs on every backend.
+    """MindSpore's ``Model`` with a dataset-sink loop and a loss-scaled training cell that run everywhere.
 
-    Args (as ``mindspore.train.Model``):
-        network (Cell): the network (or a ready training cell when ``optimizer`` is None).
+    ``ModelThor`` trains any network and optimizer (it is tested with ``nn.Momentum`` as well as with THOR);
+    :meth:`ConvertModelUtils.convert_to_thor_model` returns one for a THOR optimizer. ``train``, ``eval``
+    and ``predict`` are ``Model``'s, with two differences:
+
+    * ``dataset_sink_mode=True`` runs, on CPU, GPU and Ascend alike, ``sink_size`` steps per epoch (the whole
+      dataset when ``sink_size == -1``), reading the dataset as one continuous stream. Callbacks see
+      MindSpore's sink semantics: ``step_begin``/``step_end`` once per sink, ``cur_step_num`` advancing by
+      ``sink_size``, ``net_outputs`` the output of the sink's last step. (MindSpore's ``Model`` falls back
+      to step-by-step training on CPU.) ``dataset_sink_mode=False`` is MindSpore's step-by-step loop. The
+      THOR schedule belongs to the optimizer, so both loops and any ``sink_size`` train alike.
+    * The training cell is built as ``Model`` builds it (``amp_level``, ``keep_batchnorm_fp32``, loss
+      wrapping), with ms_optim's cells: :class:`ms_optim.nn.TrainOneStepCell` without a manager or with
+      ``FixedLossScaleManager(s, drop_overflow_update=False)`` (sens :math:`s`, divided out by THOR's
+      ``loss_scale``); :class:`ms_optim.nn.TrainOneStepWithLossScaleCell` for ``DynamicLossScaleManager``
+      and ``FixedLossScaleManager(drop_overflow_update=True)``, which skips overflowing steps on CPU too.
+      A manager whose loss scale is NaN, infinite or <= 0 is refused before anything is built.
+
+    Once compiled, the training cell returns the memory its compilation freed to the operating system
+    (:func:`ms_optim.release_freed_memory`); on CPU, graphs add float16 tensors through float32
+    (:func:`ms_optim.float16_add_via_float32`).
+
+    Args:
+        network (Cell): the network, or a ready training cell when ``optimizer`` is None.
         loss_fn (Cell): the loss; None when ``network`` computes it. Default: None.
-        optimizer (Cell): the optimizer (usually ``ms_optim.nn.thor``). Default: None.
+        optimizer (Cell): the optimizer (usually :func:`ms_optim.nn.thor`'s). Default: None.
         metrics (Union[dict, set]): evaluation metrics. Default: None.
-        eval_network (Cell): evaluation network. Default: None.
+        eval_network (Cell): the evaluation network. Default: None.
         eval_indexes (list): positions of loss, prediction and label in ``eval_network``'s outputs.
-        amp_level (str): "O0", "O1", "O2", "O3" or "auto" (see ``mindspore.amp``). Default: "O0".
-        **kwargs: ``loss_scale_manager`` and ``keep_batchnorm_fp32`` (as ``Model``).
+            Default: None.
+        amp_level (str): ``"O0"``, ``"O1"``, ``"O2"``, ``"O3"`` or ``"auto"`` (O2 on GPU, O3 on Ascend, O0
+            elsewhere). Default: ``"O0"``.
+        **kwargs: ``loss_scale_manager`` and ``keep_batchnorm_fp32``, as ``Model``'s.
 
     ``frequency`` is the THOR optimizer's frequency (None for other optimizers).
+
+    Examples:
+        >>> import mindspore as ms
+        >>> from ms_optim import nn
+        >>> from ms_optim.train_thor import ModelThor
+        >>> net = nn.SequentialCell([nn.Dense(4, 2)])
+        >>> opt = nn.thor(net, ms.Tensor(0.1), ms.Tensor(0.03), 0.9, frequency=10)
+        >>> ModelThor(net, loss_fn=nn.MSELoss(), optimizer=opt).frequency
+        10
     """
 
     def __init__(self, network, loss_fn=None, optimizer=None, metrics=None, eval_network=None,
@@ -122,10 +116,7 @@ class ModelThor(Model):
 
     def _build_train_network(self):
         """The training cell (:meth:`_build_step_cell`), releasing its compilation's freed memory once
-        compiled. On CPU, float16 ``+`` in the graph goes through float32
-        (``ms_optim.float16_add_via_float32``: the same bits, without the CPU ``Add`` kernel's per-element
-        index arrays), for every graph the process compiles from then on; ``ms_optim.restore_float16_add()``
-        gives ``+`` MindSpore's meaning back."""
+        compiled; on CPU, float16 ``+`` goes through float32 in every graph compiled from then on."""
         if context.get_context("device_target") == "CPU":
             float16_add_via_float32()
         return release_after_compile(self._build_step_cell())
@@ -281,13 +272,26 @@ def _check_convert_arguments(network, loss_fn, metrics, amp_level, loss_scale_ma
 
 
 class ConvertModelUtils:
-    """Convert a ``Model`` to the THOR model when its optimizer is ms_optim's THOR optimizer."""
+    """Turns a ``Model`` whose optimizer is THOR into a :class:`ModelThor`, as MindSpore's ConvertModelUtils.
+
+    Examples:
+        >>> import mindspore as ms
+        >>> from ms_optim import nn
+        >>> from ms_optim.train_thor import ConvertModelUtils
+        >>> net = nn.SequentialCell([nn.Dense(4, 2)])
+        >>> loss = nn.MSELoss()
+        >>> opt = nn.thor(net, ms.Tensor(0.1), ms.Tensor(0.03), 0.9, frequency=10)
+        >>> model = ms.Model(net, loss_fn=loss, optimizer=opt)
+        >>> model = ConvertModelUtils().convert_to_thor_model(model, network=net, loss_fn=loss, optimizer=opt)
+        >>> type(model).__name__
+        'ModelThor'
+    """
 
     @staticmethod
     def convert_to_thor_model(model, network, loss_fn=None, optimizer=None, metrics=None, amp_level="O0",
                               loss_scale_manager=None, keep_batchnorm_fp32=False, *, frequency=None):
-        """Return a ``ModelThor`` built from these arguments when ``optimizer`` is an ms_optim THOR
-        optimizer (or ``network`` is a ``TrainOneStepCell`` around one), else ``model`` unchanged.
+        """A :class:`ModelThor` built from these arguments when ``optimizer`` is :func:`ms_optim.nn.thor`'s
+        (or ``network`` is a ``TrainOneStepCell`` around one); else ``model`` unchanged.
 
         Args:
             model (Model): the model to convert (returned as is for other optimizers). An evaluation
@@ -296,7 +300,7 @@ class ConvertModelUtils:
             loss_fn (Cell): the loss. Default: None.
             optimizer (Cell): the optimizer. Default: None.
             metrics (Union[dict, set]): evaluation metrics. Default: None.
-            amp_level (str): "O0", "O2", "O3" (or "O1"/"auto"). Default: "O0".
+            amp_level (str): ``"O0"``, ``"O1"``, ``"O2"``, ``"O3"`` or ``"auto"``. Default: ``"O0"``.
             loss_scale_manager (LossScaleManager): None, ``FixedLossScaleManager`` or
                 ``DynamicLossScaleManager``. Default: None.
             keep_batchnorm_fp32 (bool): keep BatchNorm in float32 under O2/O3. Default: False.

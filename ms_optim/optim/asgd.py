@@ -32,7 +32,7 @@ class ASGD(OptimizerBase):
     r"""Averaged Stochastic Gradient Descent, as MindSpore's ASGD computes it, on every backend.
 
     With :math:`t` the step number *after* it is incremented (1 at the first call), :math:`\eta_0
-    = lr_1`, learning rate :math:`lr_t` of step :math:`t` (:meth:`get_lr` before the increment),
+    = lr_1`, learning rate :math:`lr_t` of step :math:`t` (``get_lr()`` before the increment),
     :math:`\lambda` = ``lambd``, :math:`\lambda_w` the weight decay of the parameter (0 where the
     decay filter excludes it) and gradient :math:`g`:
 
@@ -46,7 +46,9 @@ class ASGD(OptimizerBase):
     (:math:`\eta` and :math:`\mu` of step :math:`t` are stored for step :math:`t+1`; at step 1,
     :math:`\eta_0 = lr_1`, :math:`\mu_0 = 1`.) MindSpore's docstring writes
     :math:`\eta_t = 1/(1+\lambda\, lr\, t)^\alpha` and :math:`ax_t = (w_t - ax_{t-1})\mu_{t-1}`;
-    its code, and this class, compute the formulas above.
+    its code, and this class, compute the formulas above. The averaging is Polyak and Juditsky's,
+    `Acceleration of Stochastic Approximation by Averaging <https://doi.org/10.1137/0330046>`_
+    (SIAM J. Control Optim., 1992).
 
     On CPU, for float32 parameters, the first line runs as one fused in-place kernel,
     ``ApplyProximalGradientDescent`` with :math:`l_1 = 0`, :math:`l_2 = \lambda + \lambda_w` and step
@@ -77,7 +79,7 @@ class ASGD(OptimizerBase):
             step. Default: ``0.0``.
 
     Inputs:
-        - **gradients** (tuple[Tensor]) - gradients of ``params``, same shapes.
+        gradients (tuple[Tensor]): the gradients of ``params``, in their order and shapes.
 
     Outputs:
         bool: ``True``.

@@ -62,18 +62,20 @@ class Lamb(OptimizerBase):
 
     with :math:`\eta` the learning rate of the step and :math:`\lambda` the weight decay of the
     parameter (0 for parameters the decay filter excludes); the ratio is not clamped. The norms
-    are taken over the whole parameter tensor (layer-wise). The trust ratio is
-    :func:`ms_optim.optim._trust_ratio.trust_ratio`, shared with ``ms_optim.nn.LARS``.
+    are taken over the whole parameter tensor (layer-wise), and the trust ratio is the same function
+    as :class:`ms_optim.nn.LARS`'s. The algorithm is You et al., `Large Batch Optimization for Deep
+    Learning: Training BERT in 76 minutes <https://arxiv.org/abs/1904.00962>`_ (ICLR 2020).
 
-    On CPU with float32 parameters the step runs in one fused kernel per parameter (two passes
-    over memory, see :mod:`ms_optim.optim._fused`; ``use_fused`` tells whether it is used, the
-    environment variable ``MS_OPTIM_FUSED=0`` turns it off); elsewhere, or if the kernel cannot be
-    compiled, in composite ``mindspore.ops``. Both compute the formula above in float32.
+    On CPU with float32 parameters the step runs in one fused kernel per parameter (two passes over
+    memory; compiled with ``g++`` on first use and cached); ``use_fused`` tells whether it is used,
+    and the environment variable ``MS_OPTIM_FUSED=0`` turns it off. Elsewhere, or if the kernel cannot
+    be compiled, the step runs as composite ``mindspore.ops``. Both compute the formula above in
+    float32.
 
     A single finite gradient element above about ``1e19`` overflows :math:`g^2` in float32, so
     :math:`v` becomes ``inf`` for good and that parameter's later updates are 0 or NaN (MindSpore's
     Lamb behaves the same). A loss-scale cell that skips non-finite steps guards against it, e.g.
-    :class:`ms_optim.loss_scale.TrainOneStepWithLossScaleCell` with a ``DynamicLossScaleManager``: with
+    :class:`ms_optim.nn.TrainOneStepWithLossScaleCell` with a ``DynamicLossScaleManager``: with
     scale :math:`s` a gradient above :math:`3.4 \cdot 10^{38} / s` overflows before it is unscaled, so
     that step is skipped (no state changes), the scale lowered, and the run stays finite.
 
@@ -96,7 +98,7 @@ class Lamb(OptimizerBase):
             step. Default: ``0.0``.
 
     Inputs:
-        - **gradients** (tuple[Tensor]) - gradients of ``params``, same shapes.
+        gradients (tuple[Tensor]): the gradients of ``params``, in their order and shapes.
 
     Outputs:
         tuple[bool]: all ``True``.

@@ -168,27 +168,28 @@ class LARS(OptimizerBase):
                  & \|w\| > 0 \text{ and } \|g\| > 0 \\
               1 & \text{otherwise} \end{cases} \\
         c &\leftarrow \min(c / \eta, 1) \quad
-             \text{if use\_clip } (\eta \text{: the optimizer's learning rate}) \\
+             \text{if use_clip } (\eta \text{: the optimizer's learning rate}) \\
         g' &= c \, (g + \lambda w)
 
     and ``optimizer`` then updates :math:`w` from :math:`g'` with its own rule (momentum, Lamb, ...)
     but without adding weight decay again. Parameters the filter rejects reach ``optimizer`` with
     their gradient unchanged and get no weight decay (as in MindSpore). Gradients are divided by
-    the optimizer's ``loss_scale`` first. The ratio is :func:`ms_optim.optim._trust_ratio.trust_ratio`,
-    shared with ``ms_optim.nn.Lamb``.
+    the optimizer's ``loss_scale`` first. The ratio is computed by the same function as
+    :class:`ms_optim.nn.Lamb`'s trust ratio. The algorithm is You, Gitman and Ginsburg, `Large Batch
+    Training of Convolutional Networks <https://arxiv.org/abs/1708.03888>`_ (2017).
 
-    The wrapped optimizer is not modified: LARS runs it through :func:`decay_free_view`, a second
-    Cell sharing all of its Parameters and state (weights, ``moments.*``, learning rate,
-    ``global_step``) with the decay switched off in the view only; ``optimizer`` used on its own
-    afterwards still applies its weight decay as before. The optimizer's parameters, learning
-    rate and ``global_step`` are exposed as LARS's own, so ``Model``, ``TrainOneStepCell``,
-    learning-rate callbacks and checkpoints see the same names as with the optimizer alone.
+    The wrapped optimizer is not modified: LARS runs it through a second Cell that shares all of its
+    Parameters and state (weights, ``moments.*``, learning rate, ``global_step``) and has the decay
+    switched off; ``optimizer`` used on its own afterwards still applies its weight decay as before.
+    The optimizer's parameters, learning rate and ``global_step`` are exposed as LARS's own, so
+    ``Model``, ``TrainOneStepCell``, learning-rate callbacks and checkpoints see the same names as with
+    the optimizer alone.
 
     Around exactly ``mindspore.nn.Momentum`` on CPU (float32 parameters, no gradient
     centralization) LARS runs ratio, decay and momentum step in one fused kernel per kept parameter
-    (:mod:`ms_optim.optim._fused`; the same arithmetic, MindSpore's ``ApplyMomentum`` for rejected
-    parameters, ``use_fused`` tells whether it is used, ``MS_OPTIM_FUSED=0`` turns it off) and updates
-    that optimizer's own ``moments`` and ``global_step``.
+    (the same arithmetic; MindSpore's ``ApplyMomentum`` for rejected parameters; ``use_fused`` tells
+    whether it is used, ``MS_OPTIM_FUSED=0`` turns it off) and updates that optimizer's own
+    ``moments`` and ``global_step``.
 
     Args:
         optimizer (Optimizer): the optimizer to wrap (any ``mindspore.nn.Optimizer``: ``nn.Momentum``,
@@ -197,10 +198,11 @@ class LARS(OptimizerBase):
         coefficient (float): the trust coefficient. Default: ``0.001``.
         use_clip (bool): clip the ratio to ``min(c / learning_rate, 1)``. Default: ``False``.
         lars_filter (Callable[[Parameter], bool]): which parameters get LARS scaling. Default:
-            :func:`default_lars_filter` (all but names containing ``LayerNorm`` or ``bias``).
+            ``default_lars_filter``, which keeps every parameter whose name contains neither
+            ``LayerNorm`` nor ``bias``.
 
     Inputs:
-        - **gradients** (tuple[Tensor]) - gradients of ``optimizer.parameters``, same shapes.
+        gradients (tuple[Tensor]): the gradients of ``optimizer.parameters``, in their order and shapes.
 
     Outputs:
         What ``optimizer`` returns.

@@ -25,7 +25,7 @@ def test_bench_thor_robust_one_cell(tmp_path):
     assert cell["model"] == "lenet" and cell["kl_clip"] == 1e-3 and cell["steps"] == 44
     assert cell["nan"] is False and 0.0 <= cell["test_accuracy"] <= 1.0
     assert list(result["nan_counts"].values())[0]["runs"] == 1
-    assert (tmp_path / "robust.png").stat().st_size > 0
+    assert (tmp_path / "robust_lenet.png").stat().st_size > 0  # one heat-map figure per model
 
 
 def test_bench_thor_robust_help_and_bad_options():

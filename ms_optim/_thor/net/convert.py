@@ -1,30 +1,9 @@
 """Convert a network's ``nn.Dense``/``nn.Conv2d``/``nn.Conv1d``/``nn.Embedding`` layers to THOR layers.
 
-:func:`convert_net` (``thor()``'s) and ``ConvertNetUtils().convert_to_thor_net(net)`` walk every cell
-reachable from ``net`` (nested Cells, ``SequentialCell``, ``CellList``, ``CellDict``, cells held as
-attributes) and replace, in place, each supported layer by its THOR twin built with
-``ThorLayer.from_cell``, which *reuses* the layer's Parameter objects, with its final settings
-(``taps.TapSettings``: convention, ``batch_size``, block width, schedule guard; ``convert_to_thor_net`` uses
-the defaults) and a tap shared with the layers of the same geometry (``taps.TapPool``). Hence:
-
-* weights, biases, dtypes and Parameter names are unchanged (a checkpoint of the converted net loads
-  into the plain net and back; the THOR layers only add ``matrix_a_cov``, ``matrix_g_cov`` and
-  ``thor_flag``, named after the layer's weight: ``fc1.weight`` gives ``fc1.matrix_a_cov``);
-* stride, padding, pad_mode, dilation, non-square kernels and biases are kept, so the converted net
-  computes exactly what the plain net computes;
-* a layer object used at several places is replaced by one THOR layer used at the same places;
-* ``convert_to_thor_net`` leaves THOR layers as they are (converting twice is a no-op);
-  ``convert_net`` gives the THOR layers already in the net its settings (a second ``thor()``).
-
-The kinds and their structure rules are the registered specs (``kinds.registered()``). What stays a
-plain, first-order layer (documented, never an error): grouped or depthwise convolutions
-(``group > 1``), ``data_format='NHWC'`` convolutions, subclasses of the plain layers (their forward may
-differ; only the exact classes are converted), ``nn.Conv1d`` under the ``"gpu"``/``"ascend"``
-conventions (MindSpore's THOR has none to match; ``spec.conventions``), other layer types
-(``nn.EmbeddingLookup``, transposed convolutions, ...), and layers whose weight has
-``requires_grad=False`` (frozen: nothing to precondition; the rule is :func:`thor_class_for`). No
-layer is special-cased by its name. The cell passed as ``net`` is never replaced itself (a bare
-``nn.Dense`` as the whole network stays plain: wrap it in a Cell).
+THE rule of which cells become THOR layers (:func:`thor_class_for`, :func:`thor_candidates`), and the one
+converter that applies it in place, for ``thor()`` (:func:`convert_net`, with the layers' final settings)
+and for ``ConvertNetUtils().convert_to_thor_net`` (the default settings). What is kept and what stays a
+plain layer is stated once, in :class:`ConvertNetUtils`'s docstring.
 """
 from __future__ import annotations
 
@@ -120,16 +99,64 @@ def convert_net(net: nn.Cell, settings: TapSettings = DEFAULT_SETTINGS) -> List[
 
 
 class ConvertNetUtils:
-    """Converts a network to THOR layers (see the module docstring for what is kept and what is not)."""
+    """Converts a network's layers to THOR layers in place: MindSpore's ``ConvertNetUtils``, on any backend.
+
+    Every cell reachable from the network (nested Cells, ``SequentialCell``, ``CellList``, ``CellDict``, cells
+    held as attributes) that is a trainable ``nn.Dense``, ``nn.Conv2d`` with ``group=1`` in NCHW,
+    ``nn.Embedding`` or ``nn.Conv1d`` is replaced by :class:`ms_optim.nn.DenseThor`,
+    :class:`ms_optim.nn.Conv2dThor`, :class:`ms_optim.nn.EmbeddingThor` or :class:`ms_optim.nn.Conv1dThor`,
+    built around the layer's own Parameter objects. Hence:
+
+    * weights, biases, dtypes and Parameter names are unchanged (a checkpoint of the converted net loads
+      into the plain net and back; the THOR layers only add ``matrix_a_cov``, ``matrix_g_cov`` and
+      ``thor_flag``, named after the layer's weight: ``fc1.weight`` gives ``fc1.matrix_a_cov``);
+    * stride, padding, pad_mode, dilation, non-square kernels and biases are kept, so the converted net
+      computes exactly what the plain net computes, and mixed-precision flags carry over;
+    * a layer object used at several places becomes one THOR layer used at the same places;
+    * THOR layers already in the net stay as they are (converting twice changes nothing).
+
+    Stays a plain, first-order layer (documented, never an error): grouped or depthwise convolutions,
+    ``data_format='NHWC'`` convolutions, subclasses of the plain layers (their forward may differ), other
+    layer types (``nn.EmbeddingLookup``, transposed convolutions, ...), layers whose weight has
+    ``requires_grad=False`` (frozen: nothing to precondition), and ``nn.Conv1d`` under
+    ``thor(..., factor_convention="gpu"/"ascend")``. No layer is special-cased by its name. The cell passed
+    as the network is never replaced itself: a bare ``nn.Dense`` as the whole network stays plain (wrap it
+    in a Cell). :func:`ms_optim.nn.thor` converts its net by the same rule, with its own settings.
+
+    Examples:
+        >>> from ms_optim import nn
+        >>> from ms_optim.train_thor import ConvertNetUtils
+        >>> net = nn.SequentialCell([nn.Dense(4, 3), nn.ReLU(), nn.Dense(3, 2)])
+        >>> [type(cell).__name__ for cell in ConvertNetUtils().convert_to_thor_net(net)]
+        ['DenseThor', 'ReLU', 'DenseThor']
+    """
 
     @classmethod
     def thor_candidates(cls, net: nn.Cell) -> List[Tuple[str, nn.Cell]]:
-        """:func:`thor_candidates` of ``net`` (checked to be a Cell) under the default convention (kfc)."""
+        """The layers THOR would precondition in ``net``, without converting anything.
+
+        Args:
+            net (Cell): the network.
+
+        Returns:
+            list[tuple[str, Cell]]: ``(name, cell)`` in ``net.cells_and_names()`` order: the trainable THOR
+            layers already there and the plain layers :meth:`convert_to_thor_net` would convert (under
+            ``factor_convention="kfc"``, the default on CPU).
+
+        Raises:
+            TypeError: if ``net`` is not a Cell.
+        """
         check_type("net", net, nn.Cell, cls.__name__, what="a Cell")
         return thor_candidates(net)
 
     def convert_to_thor_net(self, net: nn.Cell) -> nn.Cell:
-        """Replace, in place, every supported layer of ``net`` by its THOR layer; return ``net``.
+        """Replace, in place, every layer of ``net`` the class docstring names by its THOR layer.
+
+        Args:
+            net (Cell): the network to convert.
+
+        Returns:
+            Cell: ``net`` itself, converted.
 
         Raises:
             TypeError: if ``net`` is not a Cell.

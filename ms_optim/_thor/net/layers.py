@@ -1,26 +1,8 @@
 """THOR layers: ``nn.Dense``/``nn.Conv2d``/``nn.Conv1d``/``nn.Embedding`` that also collect their factors.
 
-State and forward only: what THOR knows about each kind (sizes, factor math, multipliers, curvature) is
-its spec in ``kinds.py``, the backward-pass tap is ``taps.FactorTap``, the conversion ``convert.py``.
-
-Every layer here computes exactly the output of the plain MindSpore layer built with the same
-arguments (same Parameters: ``weight``/``bias``/``embedding_table``, same ops), and in addition owns
-three non-trainable Parameters:
-
-* ``matrix_a_cov`` / ``matrix_g_cov`` (float32): the factors A and G of the last THOR step (G carries
-  the square of that backward pass's loss scale), whole or as diagonal blocks (``ThorLayer``);
-* ``thor_flag`` (bool scalar): while True *and* the cell is in training mode (``cell.training``,
-  True from construction for THOR layers), the backward pass computes A and G (see
-  ``ms_optim._thor`` for who writes the flag). Otherwise no factor work is done.
-
-A layer is complete when it is made: its factor Parameters have the shapes of its block width and its
-tap has its settings (``taps.TapSettings``: convention, ``batch_size``, block width, schedule guard).
-The public constructors and ``ConvertNetUtils`` use the default settings (``"kfc"``, 32, blocks of
-128, no guard); ``thor()`` converts with its own (``convert.convert_net``).
-
-After a graph was compiled, write ``thor_flag`` or the factors with ``ops.assign`` (MindSpore 2.10
-graphs do not see ``Parameter.set_data`` on Parameters they write). Not converted: grouped or
-depthwise convolutions and ``data_format='NHWC'``.
+State and forward only: what THOR knows about each kind is its spec in ``kinds.py``, the backward-pass tap
+is ``taps.FactorTap``, the conversion ``convert.py``. The public constructors use the default tap settings
+(``"kfc"``, batch size 32, blocks of 128, no schedule guard); ``thor()`` converts with its own.
 """
 from __future__ import annotations
 
@@ -38,12 +20,18 @@ __all__ = ["ThorLayer", "DenseThor", "Conv2dThor", "Conv1dThor", "EmbeddingThor"
 class DenseThor(ThorLayer):
     r"""``nn.Dense`` that also collects THOR's factors.
 
-    ``outputs = activation(inputs @ weight^T + bias)``, exactly as ``nn.Dense`` (inputs with more than
-    two dimensions are flattened to rows of ``in_channels`` and the output is reshaped back).
+    :math:`\text{outputs} = \text{activation}(\text{inputs}\, W^{\top} + \text{bias})`, exactly as
+    ``nn.Dense`` (inputs of more dimensions as rows of ``in_channels``). With :math:`a_n` the :math:`N` input
+    rows and :math:`D_n` the rows of :math:`\partial L / \partial s`, the gradient of the pre-activation
+    :math:`s = a W^{\top} + \text{bias}`, the factors are (KFC normalisation; ``thor()``'s
+    ``factor_convention`` rescales them, :ref:`thor-conventions`):
 
-    Factors (N = number of input rows, a the rows, d = dL/ds the gradient of the pre-activation
-    ``s = a @ weight^T + bias``): ``A = a^T a / N`` (in x in) and ``G = N * d^T d`` (out x out),
-    float32, computed only while ``thor_flag`` is True in training mode. See ``ms_optim._thor.net.factors``.
+    .. math::
+        A = \frac{1}{N} \sum_n a_n a_n^{\top} \quad (\text{in} \times \text{in}), \qquad
+        G = N \sum_n D_n D_n^{\top} \quad (\text{out} \times \text{out})
+
+    It adds ``matrix_a_cov``, ``matrix_g_cov`` (float32, the last THOR step's factors as diagonal blocks of
+    128) and ``thor_flag`` (set by the optimizer: collect them in the next backward pass, in training mode).
 
     Args:
         in_channels (int): input features.
@@ -53,11 +41,23 @@ class DenseThor(ThorLayer):
         has_bias (bool): add a bias. Default: True.
         activation (Union[str, Cell, Primitive, None]): applied after the bias. Default: None.
 
+    Inputs:
+        x (Tensor): of shape :math:`(*, \text{in_channels})`.
+
+    Outputs:
+        Tensor: of shape :math:`(*, \text{out_channels})`.
+
     Raises:
-        TypeError, ValueError: as ``nn.Dense`` (non-positive channels, non-bool has_bias, initializer
-            shape mismatch, unknown activation).
-        ValueError: if a channel count does not fit int32, or ``weight_init``/``bias_init`` is a NaN or
-            infinite number (``ms_optim._thor.net.layer_args``).
+        TypeError: as ``nn.Dense`` for bad arguments.
+        ValueError: as ``nn.Dense``; if a channel count does not fit int32, or an initializer is a NaN or
+            infinite number.
+
+    Examples:
+        >>> import mindspore as ms
+        >>> from ms_optim.nn import DenseThor
+        >>> layer = DenseThor(3, 2)
+        >>> layer(ms.ops.ones((4, 3))).shape, layer.matrix_a_cov.shape, layer.matrix_g_cov.shape
+        ((4, 2), (3, 3), (2, 2))
     """
 
     spec = kinds.DENSE
@@ -148,24 +148,49 @@ class _ConvThor(ThorLayer):
 class Conv2dThor(_ConvThor):
     r"""``nn.Conv2d`` (NCHW, group 1) that also collects THOR's factors.
 
-    The output is exactly ``nn.Conv2d``'s with the same arguments: stride, pad_mode ``"same"``/
-    ``"valid"``/``"pad"``, padding (int or ``(top, bottom, left, right)``), dilation, non-square kernels
-    and bias are all honoured, in the forward pass and in the factors.
+    The output is exactly ``nn.Conv2d``'s with the same arguments (stride, ``pad_mode``, padding, dilation,
+    non-square kernels and bias, in the forward pass and in the factors). With batch :math:`B`,
+    :math:`T = H_\text{out} W_\text{out}` output positions, :math:`p_{b,t}` the :math:`C_\text{in} k_h k_w`
+    input patches and :math:`D_{b,t}` the gradient of the output at each position, the factors are (KFC
+    normalisation; ``thor()``'s ``factor_convention`` rescales them, :ref:`thor-conventions`):
 
-    Factors (B = batch, T = H_out*W_out, p the C_in*kh*kw patches, d = dL/ds at each output position):
-    ``A = sum p p^T / (B*T)`` and ``G = B * sum d d^T`` (KFC normalisation), float32, computed only
-    while ``thor_flag`` is True in training mode. See ``ms_optim._thor.net.factors``.
+    .. math::
+        A = \frac{1}{BT} \sum_{b,t} p_{b,t}\, p_{b,t}^{\top}, \qquad
+        G = B \sum_{b,t} D_{b,t}\, D_{b,t}^{\top}
 
-    Args: as ``nn.Conv2d`` (``kernel_size``, ``stride``, ``dilation``: int or 2-tuple; ``padding``: int
-    or 4-tuple; defaults ``weight_init='normal'``, ``bias_init='zeros'``, ``has_bias=False``).
+    It adds ``matrix_a_cov``, ``matrix_g_cov`` (float32, the last THOR step's factors as diagonal blocks of
+    128) and ``thor_flag`` (set by the optimizer: collect them in the next backward pass, in training mode).
+
+    Args:
+        in_channels (int): input channels :math:`C_\text{in}`.
+        out_channels (int): output channels :math:`C_\text{out}`.
+        kernel_size (Union[int, tuple[int]]): the kernel's height and width.
+        stride (Union[int, tuple[int]]): Default: 1.
+        pad_mode (str): ``"same"``, ``"valid"`` or ``"pad"``. Default: ``"same"``.
+        padding (Union[int, tuple[int]]): for ``"pad"``: an int or ``(top, bottom, left, right)``. Default: 0.
+        dilation (Union[int, tuple[int]]): Default: 1.
+        group (int): must be 1. Default: 1.
+        has_bias (bool): add a bias. Default: False.
+        weight_init (Union[Tensor, str, Initializer, numbers.Number]): Default: 'normal'.
+        bias_init (Union[Tensor, str, Initializer, numbers.Number]): Default: 'zeros'.
+
+    Inputs:
+        x (Tensor): of shape :math:`(B, C_\text{in}, H_\text{in}, W_\text{in})`.
+
+    Outputs:
+        Tensor: of shape :math:`(B, C_\text{out}, H_\text{out}, W_\text{out})`.
 
     Raises:
-        TypeError, ValueError: as ``nn.Conv2d`` for bad arguments.
-        TypeError: if ``kernel_size``/``stride``/``dilation`` is not an int or a tuple of ints.
-        ValueError: if a size does not fit int32, or ``weight_init``/``bias_init`` is a NaN or infinite
-            number (``ms_optim._thor.net.layer_args``).
-        ValueError: if ``group`` is not 1 (grouped and depthwise convolutions have no THOR factors
-            here; keep them as ``nn.Conv2d``: the converter leaves them first-order).
+        TypeError: as ``nn.Conv2d``; if ``kernel_size``/``stride``/``dilation`` is not an int or a tuple.
+        ValueError: as ``nn.Conv2d``; if a size does not fit int32, or an initializer is a NaN or infinite
+            number; if ``group`` is not 1 (the converter leaves grouped convolutions first-order).
+
+    Examples:
+        >>> import mindspore as ms
+        >>> from ms_optim.nn import Conv2dThor
+        >>> layer = Conv2dThor(2, 4, 3, pad_mode="pad", padding=1)
+        >>> layer(ms.ops.ones((1, 2, 8, 8))).shape, layer.matrix_a_cov.shape, layer.matrix_g_cov.shape
+        ((1, 4, 8, 8), (18, 18), (4, 4))
     """
 
     spec = kinds.CONV
@@ -199,51 +224,56 @@ class Conv2dThor(_ConvThor):
 
 @kinds.register
 class Conv1dThor(_ConvThor):
-    r"""``nn.Conv1d`` (group 1) that also collects THOR's factors (MindSpore's THOR has no Conv1d).
+    r"""``nn.Conv1d`` (group 1) that also collects THOR's factors (ms_optim's own: MindSpore's THOR has none).
 
-    The output is exactly ``nn.Conv1d``'s with the same arguments. For an input ``x`` of shape
-    ``(B, C_in, L)``, with ``x_pad`` the input padded as ``pad_mode`` says (``"same"``: total padding
-    ``max((L_out - 1) * stride + (k - 1) * dilation + 1 - L, 0)``, the smaller half first; ``"valid"``:
-    none; ``"pad"``: ``padding`` on both sides) and ``L_out`` the output length::
+    The output is exactly ``nn.Conv1d``'s with the same arguments; the weight has the shape
+    :math:`(C_\text{out}, C_\text{in}, 1, k)`, as ``nn.Conv1d`` keeps it (a 2-D convolution of the input
+    with a height-1 axis, and so are the factors). With :math:`x_\text{pad}` the padded input,
+    :math:`T = L_\text{out}`, the patches :math:`p_{b,l}[c k + j] = x_\text{pad}[b, c, l \cdot
+    \text{stride} + j \cdot \text{dilation}]` and :math:`D_{b,l}` the gradient of the output at each
+    position, the factors are those of :class:`Conv2dThor` with a :math:`(1, k)` kernel:
 
-        out[b, o, l] = bias[o] + sum_{c, j} weight[o, c, 0, j] * x_pad[b, c, l * stride + j * dilation]
+    .. math::
+        A = \frac{1}{BT} \sum_{b,l} p_{b,l}\, p_{b,l}^{\top} \quad (C_\text{in} k \text{ square}), \qquad
+        G = B \sum_{b,l} D_{b,l}\, D_{b,l}^{\top} \quad (C_\text{out} \text{ square})
 
-    The weight is ``(C_out, C_in, 1, k)``, as ``nn.Conv1d`` keeps it (it runs ``Conv2D`` on the input with a
-    height-1 axis, and so does this layer, whose tap sees that 4-D convolution).
+    ``thor()`` and ``ConvertNetUtils`` convert ``nn.Conv1d`` under ``factor_convention="kfc"`` only; placed
+    in a net by hand, ``Conv1dThor`` is preconditioned under every convention.
 
-    Factors (B = batch, T = L_out, p the ``C_in*k`` patches
-    ``p[c*k + j] = x_pad[b, c, l*stride + j*dilation]``, d = dL/ds at each output position)::
+    It adds ``matrix_a_cov``, ``matrix_g_cov`` (float32, the last THOR step's factors as diagonal blocks of
+    128) and ``thor_flag`` (set by the optimizer: collect them in the next backward pass, in training mode).
 
-        A = sum_{b,l} p p^T / (B*T)       (C_in*k square)
-        G = B * sum_{b,l} d d^T           (C_out square)
+    Args:
+        in_channels (int): input channels :math:`C_\text{in}`.
+        out_channels (int): output channels :math:`C_\text{out}`.
+        kernel_size (int): the kernel's width :math:`k`.
+        stride (int): Default: 1.
+        pad_mode (str): ``"same"``, ``"valid"`` or ``"pad"``. Default: ``"same"``.
+        padding (int): with ``pad_mode="pad"``, on both sides. Default: 0.
+        dilation (int): Default: 1.
+        group (int): must be 1. Default: 1.
+        has_bias (bool): add a bias. Default: False.
+        weight_init (Union[Tensor, str, Initializer, numbers.Number]): Default: None (HeUniform).
+        bias_init (Union[Tensor, str, Initializer, numbers.Number]): Default: None.
+        dtype (mindspore.dtype): the Parameters' dtype. Default: ``mstype.float32``.
 
-    those of ``Conv2dThor`` with a ``(1, k)`` kernel (KFC normalisation), float32, computed only while
-    ``thor_flag`` is True in training mode. The optimizer preconditions the weight's gradient as the
-    ``(C_out, C_in*k)`` matrix ``dW``: ``G^-1 dW A^-1`` (then weight decay, clipping and momentum, as every
-    THOR layer). ``ConvertNetUtils`` and ``thor()`` convert ``nn.Conv1d`` under ``factor_convention="kfc"``
-    (the default on CPU) and leave it a plain, first-order layer under ``"gpu"``/``"ascend"``, whose
-    MindSpore THOR has no Conv1d to match; a ``Conv1dThor`` placed in a net by hand is preconditioned under
-    every convention, with that convention's conv multipliers (``kinds.conv_scales``, T = L_out).
+    Inputs:
+        x (Tensor): of shape :math:`(B, C_\text{in}, L)`.
 
-    Args: as ``nn.Conv1d`` (``kernel_size``, ``stride``, ``padding``, ``dilation``: int; defaults
-    ``weight_init=None`` (HeUniform), ``bias_init=None``, ``has_bias=False``, ``dtype=mstype.float32``).
+    Outputs:
+        Tensor: of shape :math:`(B, C_\text{out}, L_\text{out})`.
 
     Raises:
-        TypeError, ValueError: as ``nn.Conv1d`` for bad arguments.
-        TypeError: if ``in_channels`` or ``out_channels`` is not an int.
-        ValueError: if a size does not fit int32, or ``weight_init``/``bias_init`` is a NaN or infinite
-            number (``ms_optim._thor.net.layer_args``).
-        ValueError: if ``group`` is not 1 (keep grouped convolutions as ``nn.Conv1d``).
+        TypeError: as ``nn.Conv1d``; if ``in_channels`` or ``out_channels`` is not an int.
+        ValueError: as ``nn.Conv1d``; if a size does not fit int32, or an initializer is a NaN or infinite
+            number; if ``group`` is not 1 (keep grouped convolutions as ``nn.Conv1d``).
 
     Examples:
-        >>> import numpy as np
-        >>> from mindspore import Tensor
+        >>> import mindspore as ms
         >>> from ms_optim.nn import Conv1dThor
         >>> layer = Conv1dThor(2, 3, 3, pad_mode="pad", padding=1, has_bias=True)
-        >>> layer(Tensor(np.ones((4, 2, 8), np.float32))).shape
-        (4, 3, 8)
-        >>> layer.weight.shape, layer.matrix_a_cov.shape, layer.matrix_g_cov.shape
-        ((3, 2, 1, 3), (6, 6), (3, 3))
+        >>> layer(ms.ops.ones((4, 2, 8))).shape, layer.weight.shape, layer.matrix_a_cov.shape
+        ((4, 3, 8), (3, 2, 1, 3), (6, 6))
     """
 
     spec = kinds.CONV1D
@@ -284,22 +314,46 @@ class Conv1dThor(_ConvThor):
 class EmbeddingThor(ThorLayer):
     r"""``nn.Embedding`` that also collects THOR's factors.
 
-    The output is exactly ``nn.Embedding``'s (``gather``, or ``one_hot @ table`` with ``use_one_hot``);
-    ``padding_idx`` zeroes that row at initialisation, as ``nn.Embedding`` does.
+    The output is exactly ``nn.Embedding``'s (a gather of the table's rows, or ``one_hot @ table`` with
+    ``use_one_hot``); ``padding_idx`` zeroes that row at initialisation, as ``nn.Embedding`` does. With
+    :math:`N` ids (all dimensions flattened), :math:`\mathrm{counts}_v` the occurrences of id :math:`v`
+    (ids outside ``[0, vocab_size)`` not counted, ``padding_idx`` counted like any id) and :math:`D_n` the
+    gradient of the :math:`n`-th output row, the factors are (KFC normalisation; ``thor()``'s
+    ``factor_convention`` rescales them, :ref:`thor-conventions`):
 
-    Factors (N = number of ids, all dimensions flattened; d = dL/d(output rows)): ``A = counts / N``,
-    stored as the vocab_size vector of A's diagonal (ids outside ``[0, vocab_size)`` not counted,
-    ``padding_idx`` counted like any id), and ``G = N * d^T d`` (embedding_size square), float32,
-    computed only while ``thor_flag`` is True in training mode. See ``ms_optim._thor.net.factors``.
+    .. math::
+        A = \frac{1}{N} \operatorname{diag}(\mathrm{counts}) \quad (\text{kept as its diagonal, a
+            vector of vocab_size}), \qquad G = N \sum_n D_n D_n^{\top}
+
+    It adds ``matrix_a_cov``, ``matrix_g_cov`` (float32, the last THOR step's factors as diagonal blocks of
+    128) and ``thor_flag`` (set by the optimizer: collect them in the next backward pass, in training mode).
 
     Args:
-        vocab_size (int), embedding_size (int), use_one_hot (bool), embedding_table (initializer),
-        dtype (mindspore dtype of the one-hot values), padding_idx (int or None): as ``nn.Embedding``.
+        vocab_size (int): the number of ids.
+        embedding_size (int): the width of a row.
+        use_one_hot (bool): compute the rows as ``one_hot(ids) @ table``. Default: False.
+        embedding_table (Union[Tensor, str, Initializer, numbers.Number]): the table's initializer.
+            Default: 'normal'.
+        dtype (mindspore.dtype): the dtype of the one-hot values. Default: ``mstype.float32``.
+        padding_idx (int): the id whose row starts at zero, or None. Default: None.
+
+    Inputs:
+        ids (Tensor): int32 ids of any shape.
+
+    Outputs:
+        Tensor: of shape ``ids.shape + (embedding_size,)``.
 
     Raises:
-        TypeError, ValueError: as ``nn.Embedding`` for bad arguments.
-        ValueError: if a size or ``padding_idx`` does not fit int32, or ``embedding_table`` is a NaN or
-            infinite number (``ms_optim._thor.net.layer_args``).
+        TypeError: as ``nn.Embedding`` for bad arguments.
+        ValueError: as ``nn.Embedding``; if a size or ``padding_idx`` does not fit int32, or
+            ``embedding_table`` is a NaN or infinite number.
+
+    Examples:
+        >>> import mindspore as ms
+        >>> from ms_optim.nn import EmbeddingThor
+        >>> layer = EmbeddingThor(10, 4)
+        >>> layer(ms.Tensor([[1, 2, 3]], ms.int32)).shape, layer.matrix_a_cov.shape, layer.matrix_g_cov.shape
+        ((1, 3, 4), (10,), (4, 4))
     """
 
     spec = kinds.EMBEDDING
