@@ -108,6 +108,16 @@ def test_script_without_thor_is_told_at_exit(tmp_path, capsys):
     assert "no effect" not in capsys.readouterr().err
 
 
+def test_option_before_a_module(tmp_path, monkeypatch, capsys):
+    (tmp_path / "probe_module.py").write_text("import mindspore.nn as nn\nprint('MODULE', nn.thor.__name__)\n")
+    monkeypatch.chdir(tmp_path)
+    assert run.main(["--thor", "adaptive", "-m", "probe_module"]) == 0
+    captured = capsys.readouterr()
+    assert "MODULE thor" in captured.out
+    assert captured.err.splitlines()[-1] == f"{RUN_OPTION}: no thor() call was made, so the option had no effect."
+    assert not _patch.is_active()
+
+
 def test_run_makes_the_scripts_thor_calls_recipe_free(tmp_path, capsys):
     """MindSpore's name and ms_optim's, in one script: both calls adaptive, one line each, no exit notice."""
     script = _script(tmp_path, """
