@@ -24,15 +24,21 @@ attribute back, deleting the ones that did not exist, and removes the hook: Mind
 then exactly as before. Names a script copied into its *own* globals before ``use()`` ran (``from
 mindspore.nn import thor`` executed earlier) cannot be reached; ``python -m ms_optim.run`` calls
 ``use()`` before the script starts, so that case does not arise there.
+
+``use(thor="adaptive")`` also points ``ms_optim.thor`` and ``ms_optim.nn.thor``, with MindSpore's
+``thor`` names, at the recipe-free wrapper of ``ms_optim._thor_option``.
 """
 from __future__ import annotations
 
+import atexit
 import importlib
 import importlib.abc
 import sys
 import threading
 from types import ModuleType
 from typing import Any, Dict, List, Optional, Tuple
+
+from ms_optim._thor_option import adaptive_thor, check_thor_mode
 
 __all__ = ["use", "undo_use", "is_active", "UsePatch"]
 
@@ -46,6 +52,9 @@ _FACADES = (("ms_optim.nn", "mindspore.nn"), ("ms_optim.train_thor", "mindspore.
 # Modules where a *definition* of a replaced name (not only a re-export of a known original) is
 # also replaced when it is imported under use(): MindSpore's implementation packages.
 _DEFINING_PREFIXES = ("mindspore.nn.", "mindspore.train.")
+
+# ms_optim's own public namespaces whose ``thor`` use(thor="adaptive") also replaces.
+_OWN_THOR_HOMES = ("ms_optim", "ms_optim.nn")
 
 # The namespaces a script names directly, in the order they are reported.
 _PUBLIC_MODULES = ("mindspore.nn", "mindspore", "mindspore.train", "mindspore.train.train_thor",
@@ -94,12 +103,23 @@ def _is_mindspore_module(name: str) -> bool:
 
 
 class _Session:
-    """One activation: what was replaced, so that undo restores it exactly."""
+    """One activation: what was replaced, so that undo restores it exactly.
 
-    def __init__(self, table: Dict[str, Tuple[Any, str]]):
+    ``thor_mode`` is ``use()``'s ``thor`` (None or ``"adaptive"``), ``option`` how messages name it.
+    """
+
+    def __init__(self, table: Dict[str, Tuple[Any, str]], thor_mode: Optional[str] = None,
+                 option: str = "ms_optim.use()", verbose: bool = True):
         self.ours = {name: obj for name, (obj, _) in table.items()}
         self.homes = {name: home for name, (_, home) in table.items()}
-        self.our_ids = {id(obj): name for name, obj in self.ours.items()}
+        self.thor_mode, self.option, self.verbose = thor_mode, option, verbose
+        self.recipe_free = None
+        if thor_mode is not None:
+            self.recipe_free = adaptive_thor(self.ours["thor"], option, report=self.say)
+            self.ours["thor"] = self.recipe_free
+        # ms_optim's plain thor (replaced by the wrapper) is never mistaken for one of MindSpore's
+        self.our_ids = {id(obj): name for name, (obj, _) in table.items()}
+        self.our_ids.update({id(obj): name for name, obj in self.ours.items()})
         # name -> MindSpore's objects known for that name (usually one).
         self.originals: Dict[str, List[Any]] = {name: [] for name in self.ours}
         # (module, attribute, previous value or _MISSING), in the order applied.
@@ -155,6 +175,9 @@ class _Session:
             module = sys.modules.get(home)
             if module is not None and module.__dict__.get(name, _MISSING) is not self.ours[name]:
                 self._set(module, name, self.ours[name])
+        if self.recipe_free is not None:  # a script calling ms_optim.nn.thor / ms_optim.thor is served too
+            for home in _OWN_THOR_HOMES:
+                self._set(importlib.import_module(home), "thor", self.recipe_free)
 
     def install_hook(self) -> None:
         self.hook = _PatchFinder(self)
@@ -175,16 +198,33 @@ class _Session:
                 setattr(module, name, previous)
         self.records.clear()
 
+    def finish(self) -> None:
+        """End the activation: undo, and say so if the thor option never met a ``thor()`` call."""
+        self.undo()
+        atexit.unregister(self.notice_unused)
+        self.notice_unused()
+
     # -- reporting -------------------------------------------------------------------------------
+    def say(self, line: str) -> None:
+        if self.verbose:
+            print(line, file=sys.stderr, flush=True)
+
+    def notice_unused(self) -> None:
+        """One line if ``thor="adaptive"`` was given and no ``thor()`` call was made (at most once)."""
+        if self.recipe_free is not None and self.recipe_free.calls == 0:
+            self.recipe_free.calls = -1  # said once
+            self.say(f"{self.option}: no thor() call was made, so the option had no effect.")
+
     def summary(self) -> str:
         by_module: Dict[str, List[str]] = {}
-        for module, name, _ in self.records:
+        records = [record for record in self.records if _is_mindspore_module(record[0].__name__)]
+        for module, name, _ in records:
             modname = module.__name__
             names = by_module.setdefault(modname, [])
             if name not in names:
                 names.append(name)
         public = [f"{m}.{{{', '.join(by_module[m])}}}" for m in _PUBLIC_MODULES if m in by_module]
-        others = len(self.records) - sum(len(by_module[m]) for m in _PUBLIC_MODULES if m in by_module)
+        others = len(records) - sum(len(by_module[m]) for m in _PUBLIC_MODULES if m in by_module)
         text = "ms_optim.use(): " + ", ".join(public) + " now point at ms_optim"
         if others:
             text += f" (and {others} more references inside mindspore.*)"
@@ -262,7 +302,7 @@ class UsePatch:
                 return
             _active.depth -= 1
             if _active.depth == 0:
-                _active.undo()
+                _active.finish()
                 _active = None
 
     def __enter__(self) -> "UsePatch":
@@ -272,7 +312,7 @@ class UsePatch:
         self.undo()
 
 
-def use(verbose: bool = True) -> UsePatch:
+def use(verbose: bool = True, *, thor: Optional[str] = None) -> UsePatch:
     """Point MindSpore's THOR, Lamb, LARS, ASGD and loss-scale training names at ms_optim's implementations.
 
     Replaces ``mindspore.nn.{thor, Lamb, LARS, ASGD, DenseThor, Conv2dThor, EmbeddingThor,
@@ -282,23 +322,50 @@ def use(verbose: bool = True) -> UsePatch:
     (and every other reference to those objects inside ``mindspore.*``, including modules imported
     later). Prints one line saying what it replaced (to stderr, unless ``verbose=False``).
 
+    ``thor="adaptive"`` (keyword-only; ``python -m ms_optim.run --thor adaptive``) also makes every
+    ``thor()`` call recipe-free, through MindSpore's names and ms_optim's (``ms_optim.thor``,
+    ``ms_optim.nn.thor``) alike: it is made with ``learning_rate="adaptive"`` and ``damping="adaptive"`` in
+    place of the script's schedules, which are not read, and every other argument as given (momentum,
+    weight decay, loss scale, batch size, decay filter, split indices, clipping, frequency, keywords).
+    Each call prints one line saying what was replaced; if the activation ends, or the process exits,
+    without a ``thor()`` call, one line says the option had no effect (both unless ``verbose=False``). A
+    call adaptive THOR cannot serve (``use_nesterov=True``, ``momentum`` 1.0 or more) raises ``ValueError``
+    naming the option. Step the optimizer with ``ModelThor`` (``convert_to_thor_model``) or ms_optim's
+    training cells. Default: None (``thor()`` calls are made as written).
+
     Use as a function (``patch = ms_optim.use(); ...; patch.undo()``) or as a context manager
     (``with ms_optim.use(): ...``). Calls nest: MindSpore's names come back when the outermost
-    activation ends, or at once with :func:`undo_use`.
+    activation ends, or at once with :func:`undo_use`. A nested call joins the active activation: with
+    ``thor=None`` whatever its ``thor``, with ``thor="adaptive"`` only if that is the active one's too
+    (a nested call cannot change how ``thor()`` calls are made).
 
     Raises:
-        TypeError: if ``verbose`` is not a bool.
+        TypeError: if ``verbose`` is not a bool; if ``thor`` is not None or a str.
+        ValueError: if ``thor`` is a str other than ``"adaptive"``; if ``thor`` is given while an activation
+            with another ``thor`` is active (nothing changes).
         ImportError: if one of ms_optim's implementations cannot be imported (nothing is patched).
     """
+    return activate(verbose, thor, f"ms_optim.use(thor={thor!r})")
+
+
+def activate(verbose: bool = True, thor: Optional[str] = None, option: str = "ms_optim.use()") -> UsePatch:
+    """:func:`use`, with ``option`` naming the thor option in messages (``python -m ms_optim.run`` passes
+    its own spelling)."""
     from ms_optim._validation import check_bool
 
     global _active
     check_bool("verbose", verbose, "use")
+    check_thor_mode(thor, "use")
     with _lock:
         if _active is not None:
+            if thor is not None and thor != _active.thor_mode:
+                raise ValueError(f"For 'use', the argument 'thor' must be None or the active activation's "
+                                 f"({_active.thor_mode!r}) in a nested call, but got {thor!r}: a nested "
+                                 f"activation cannot change how thor() calls are made; end the active one "
+                                 f"first (ms_optim.undo_use()).")
             _active.depth += 1
             return UsePatch(_active)
-        session = _Session(_ours())
+        session = _Session(_ours(), thor, option, verbose)
         session.collect_originals()
         try:
             session.patch_all_loaded()
@@ -307,6 +374,8 @@ def use(verbose: bool = True) -> UsePatch:
             session.undo()
             raise
         _active = session
+        if session.recipe_free is not None:
+            atexit.register(session.notice_unused)
         if verbose:
             print(session.summary(), file=sys.stderr, flush=True)
         return UsePatch(session)
@@ -318,7 +387,7 @@ def undo_use() -> bool:
     with _lock:
         if _active is None:
             return False
-        _active.undo()
+        _active.finish()
         _active = None
         return True
 

@@ -2,8 +2,8 @@
 
 Usage::
 
-    python -m ms_optim.run SCRIPT.py [SCRIPT ARGS...]
-    python -m ms_optim.run -m PACKAGE.MODULE [MODULE ARGS...]
+    python -m ms_optim.run [--thor adaptive] SCRIPT.py [SCRIPT ARGS...]
+    python -m ms_optim.run [--thor adaptive] -m PACKAGE.MODULE [MODULE ARGS...]
 
 The script runs exactly as ``python SCRIPT.py ARGS...`` would run it (``__name__ == "__main__"``,
 ``sys.argv[0]`` the script path and the rest its own arguments, the script's folder first on
@@ -13,7 +13,8 @@ TrainOneStepWithLossScaleCell}``,
 ``mindspore.amp.build_train_network``,
 ``mindspore.ConvertModelUtils``, ``mindspore.train.ConvertModelUtils`` and
 ``mindspore.train.train_thor.*`` point at ms_optim's implementations. One line on stderr says what was
-replaced.
+replaced. ``--thor adaptive`` is ``ms_optim.use(thor="adaptive")``: every ``thor()`` call of the script
+builds recipe-free THOR (``learning_rate`` and ``damping`` ``"adaptive"``, the other arguments as given).
 """
 from __future__ import annotations
 
@@ -22,13 +23,15 @@ import os
 import pkgutil
 import runpy
 import sys
-from typing import List, Optional, Sequence
+from typing import List, Optional, Sequence, Tuple
+
+from ms_optim._thor_option import THOR_MODES
 
 __all__ = ["main"]
 
 USAGE = """\
-usage: python -m ms_optim.run [-h] SCRIPT [ARGS ...]
-       python -m ms_optim.run [-h] -m MODULE [ARGS ...]
+usage: python -m ms_optim.run [-h] [--thor adaptive] SCRIPT [ARGS ...]
+       python -m ms_optim.run [-h] [--thor adaptive] -m MODULE [ARGS ...]
 
 Run a MindSpore training script unmodified, with MindSpore's THOR, Lamb, LARS, ASGD and
 loss-scaled training step (mindspore.nn.{thor, Lamb, LARS, ASGD, DenseThor, Conv2dThor,
@@ -43,29 +46,75 @@ positional arguments:
 options:
   -h, --help   show this message and exit (only when given before SCRIPT)
   -m MODULE    run a module as `python -m MODULE` would, instead of a script file
+  --thor adaptive
+               recipe-free THOR: every thor(...) call (MindSpore's or ms_optim's) is made
+               with learning_rate="adaptive" and damping="adaptive" in place of the
+               script's schedules, every other argument as given (momentum below 1,
+               use_nesterov False); one stderr line per call says what was replaced, one
+               line at exit if the script made no thor() call. The script must step the
+               optimizer with ConvertModelUtils' THOR model or ms_optim's training cells.
 
-The exit status is the script's; a SCRIPT or MODULE that cannot be found is one line on stderr
-and exit status 2 (a SCRIPT folder or zip without __main__.py: exit status 1, as `python DIR`).
-In your own code, `ms_optim.use()` does the same (`with ms_optim.use(): ...`, or
+Options go before SCRIPT. The exit status is the script's; a bad option, or a SCRIPT or MODULE
+that cannot be found, is one line on stderr and exit status 2, before the script runs (a SCRIPT
+folder or zip without __main__.py: exit status 1, as `python DIR`). In your own code,
+`ms_optim.use()` does the same (`with ms_optim.use(): ...`, `ms_optim.use(thor="adaptive")`, or
 `ms_optim.undo_use()` to restore MindSpore's names).
 """
 
+#: how messages name the option (its one accepted value so far)
+THOR_OPTION = "python -m ms_optim.run --thor {}"
+
+
+def _usage_error(message: str) -> SystemExit:
+    """A usage error: one line on stderr (with a pointer to --help), exit status 2 (as argparse)."""
+    sys.stderr.write(f"ms_optim.run: error: {message}; python -m ms_optim.run --help shows the usage\n")
+    return SystemExit(2)
+
+
+def _thor_value(value: str) -> str:
+    if value not in THOR_MODES:
+        choices = ", ".join(repr(mode) for mode in THOR_MODES)
+        raise _usage_error(f"argument --thor: invalid choice: {value!r} (choose from {choices})")
+    return value
+
+
+def _options(argv: List[str]) -> Tuple[Optional[str], List[str]]:
+    """ms_optim.run's own options before the target: (--thor value or None, the rest of argv)."""
+    thor = None
+    while argv and argv[0].startswith("--thor"):
+        option = argv.pop(0)
+        if option == "--thor":
+            if not argv:
+                raise _usage_error("argument --thor: expected one argument (choose from "
+                                   + ", ".join(repr(mode) for mode in THOR_MODES) + ")")
+            thor = _thor_value(argv.pop(0))
+        elif option.startswith("--thor="):
+            thor = _thor_value(option[len("--thor="):])
+        else:
+            argv.insert(0, option)
+            break
+    return thor, argv
+
 
 def _parse(argv: Sequence[str]):
-    """Split ms_optim.run's own options from the target and its arguments."""
-    argv = list(argv)
+    """Split ms_optim.run's own options from the target and its arguments: (kind, target, args, thor).
+    A usage error raises SystemExit(2) after one line on stderr."""
+    if list(argv[:1]) in (["-h"], ["--help"]):
+        return "help", None, [], None
+    thor, argv = _options(list(argv))
+    if not argv and thor is not None:
+        raise _usage_error("expected SCRIPT or -m MODULE after the options")
     if not argv or argv[0] in ("-h", "--help"):
-        return "help", None, []
+        return "help", None, [], thor
     if argv[0] == "-m":
         if len(argv) < 2:
-            raise SystemExit("ms_optim.run: error: argument -m: expected a module name\n" + USAGE)
-        return "module", argv[1], argv[2:]
+            raise _usage_error("argument -m: expected a module name")
+        return "module", argv[1], argv[2:], thor
     if argv[0].startswith("-m") and len(argv[0]) > 2:
-        return "module", argv[0][2:], argv[1:]
+        return "module", argv[0][2:], argv[1:], thor
     if argv[0].startswith("-") and argv[0] != "-":
-        raise SystemExit(f"ms_optim.run: error: unknown option {argv[0]!r} (options go before SCRIPT)\n"
-                         + USAGE)
-    return "script", argv[0], argv[1:]
+        raise _usage_error(f"unknown option {argv[0]!r} (options go before SCRIPT)")
+    return "script", argv[0], argv[1:], thor
 
 
 def _set_path0(folder: str, package_root: str) -> None:
@@ -116,7 +165,7 @@ def _lacks_main(target: str) -> bool:
 
 def main(argv: Optional[List[str]] = None) -> int:
     """Entry point of ``python -m ms_optim.run``; returns the process exit status."""
-    kind, target, args = _parse(sys.argv[1:] if argv is None else argv)
+    kind, target, args, thor = _parse(sys.argv[1:] if argv is None else argv)
     if kind == "help":
         sys.stdout.write(USAGE)
         return 0
@@ -134,8 +183,9 @@ def main(argv: Optional[List[str]] = None) -> int:
             return 2
 
     import ms_optim
+    from ms_optim._patch import activate
 
-    patch = ms_optim.use()
+    patch = activate(thor=thor, option=THOR_OPTION.format(thor))
     saved_argv, saved_path = sys.argv[:], sys.path[:]
     # ms_optim imports some of its modules lazily: if it was found only through the folder that is
     # about to give way to the script's, keep that folder reachable (last, so the script's win).

@@ -4,12 +4,13 @@ Every optimizer trains the same LeNet5 (same seed, same batches) for ``--epochs`
 ``--max-seconds`` of training, with its learning rate from ``tuned_lr.json`` (chosen by ``tune.py``,
 the same grid search for every optimizer) unless ``--lr`` overrides it; THOR trains with train.py's
 recipe (``THOR_DEFAULTS``, the one tune.py tuned its lr with) unless ``--kl-clip`` or
-``--factor-convention`` overrides it. The held-out accuracy is measured every ``--eval-every`` steps
-(the clock is paused while measuring); progress shows while training (a bar on an interactive
-terminal, one line per epoch otherwise). A row below ``--min-accuracy`` says why in the table's last
+``--factor-convention`` overrides it; ``thor_adaptive`` makes THOR's call with ``learning_rate`` and
+``damping`` ``"adaptive"`` (no learning rate from any grid). The held-out accuracy is measured every
+``--eval-every`` steps (the clock is paused while measuring); progress shows while training (a bar on an
+interactive terminal, one line per epoch otherwise). A row below ``--min-accuracy`` says why in the table's last
 column. The plot shows test accuracy against training seconds.
 
-    python model_zoo/lenet/compare.py --optimizers thor momentum --epochs 4 --plot lenet_digits.png
+    python model_zoo/lenet/compare.py --optimizers thor thor_adaptive momentum --epochs 4 --plot lenet_digits.png
 """
 from __future__ import annotations
 
@@ -31,13 +32,18 @@ if not __package__:
 
 from model_zoo.common.cli import OneLineArgumentParser, run_main  # noqa: E402
 from model_zoo.lenet.train import (  # noqa: E402
+    ADAPTIVE,
+    ALL_OPTIMIZERS,
     EPOCHS,
     EVAL_EVERY,
     FACTOR_CONVENTIONS,
     LABELS,
     OPTIMIZERS,
+    THOR_ADAPTIVE,
     THOR_DEFAULTS,
+    THOR_KINDS,
     check_output_path,
+    format_lr,
     parse_kl_clip,
     run,
     thor_recipe,
@@ -58,23 +64,25 @@ def note(r: Dict, min_accuracy: float) -> str:
         return f"diverged at step {r['diverged']} (non-finite loss or state)"
     if r["test_accuracy"] >= min_accuracy:
         return ""
+    at = "with adaptive steps" if r.get("lr") == ADAPTIVE else "at the tuned lr"  # recipe-free THOR: no lr
     if r["stopped_by_time_cap"]:
         return f"below {min_accuracy:.0%}: stopped by the time cap after {r['steps']} steps (machine busy?)"
     history = r.get("history") or []
     if not history:
-        return f"below {min_accuracy:.0%} within the budget ({r['steps']} steps at the tuned lr)"
+        return f"below {min_accuracy:.0%} within the budget ({r['steps']} steps {at})"
     best = max(history, key=lambda h: h["test_accuracy"])
     recent = [h["test_accuracy"] for h in history[-5:]]
     if best["test_accuracy"] >= min_accuracy:
         return (f"reached {best['test_accuracy']:.1%} at step {best['step']}, ended at {r['test_accuracy']:.1%}: "
-                f"accuracy swings between evaluations at this constant lr (last {len(recent)}: "
+                f"accuracy swings between evaluations{'' if r.get('lr') == ADAPTIVE else ' at this constant lr'} "
+                f"(last {len(recent)}: "
                 f"{min(recent):.1%} to {max(recent):.1%})")
     first_half = max(h["test_accuracy"] for h in history[:max(1, len(history) // 2)])
     if any(h is best for h in history[-max(1, len(history) // 4):]):  # its best came in the last quarter
         return (f"still climbing when the budget ended ({r['steps']} steps; best {best['test_accuracy']:.1%} at "
-                f"step {best['step']}, {first_half:.1%} in the first half): slow start at the tuned lr")
+                f"step {best['step']}, {first_half:.1%} in the first half): slow start {at}")
     return (f"levelled off below {min_accuracy:.0%} (best {best['test_accuracy']:.1%} at step {best['step']}, "
-            f"{r['steps']} steps at the tuned lr)")
+            f"{r['steps']} steps {at})")
 
 
 def format_table(results: List[Dict], target: float, min_accuracy: float = 0.9) -> str:
@@ -88,9 +96,9 @@ def format_table(results: List[Dict], target: float, min_accuracy: float = 0.9) 
             lines.append(f"| {label} | | | | | | | {note(r, min_accuracy)} |")
             continue
         hit = r["seconds_to_target"]
-        lines.append(f"| {label} | {r['lr']:g} | {r['steps']} | {r['final_loss']:.4f} | {r['test_accuracy']:.4f} "
-                     f"| {r['train_seconds']:.1f} | {'not reached' if hit is None else f'{hit:.1f}'} "
-                     f"| {note(r, min_accuracy)} |")
+        lines.append(f"| {label} | {format_lr(r['lr'])} | {r['steps']} | {r['final_loss']:.4f} "
+                     f"| {r['test_accuracy']:.4f} | {r['train_seconds']:.1f} "
+                     f"| {'not reached' if hit is None else f'{hit:.1f}'} | {note(r, min_accuracy)} |")
     return "\n".join(lines)
 
 
@@ -107,7 +115,7 @@ def plot(results: List[Dict], path: str, target: float) -> None:
             continue
         xs = [h["seconds"] for h in r["history"]]
         ys = [h["test_accuracy"] for h in r["history"]]
-        ax.plot(xs, ys, marker=".", label=f"{LABELS[r['optimizer']]} (lr {r['lr']:g})")
+        ax.plot(xs, ys, marker=".", label=f"{LABELS[r['optimizer']]} (lr {format_lr(r['lr'])})")
     ax.axhline(target, color="grey", linestyle="--", linewidth=1, label=f"{target:.0%}")
     ax.set_xlabel("training time (s, evaluation excluded)")
     ax.set_ylabel("held-out test accuracy")
@@ -123,7 +131,8 @@ def plot(results: List[Dict], path: str, target: float) -> None:
 def main(argv: Optional[List[str]] = None) -> int:
     parser = OneLineArgumentParser(prog="compare.py", description=__doc__.splitlines()[0],
                                    formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    parser.add_argument("--optimizers", nargs="+", choices=OPTIMIZERS, default=["thor", "momentum"])
+    parser.add_argument("--optimizers", nargs="+", choices=ALL_OPTIMIZERS, default=["thor", "momentum"],
+                        help=f"{THOR_ADAPTIVE}: THOR with learning_rate and damping '{ADAPTIVE}'")
     parser.add_argument("--lr", nargs="*", default=[], metavar="NAME=LR",
                         help="learning-rate overrides, e.g. momentum=0.03 (default: tuned_lr.json)")
     parser.add_argument("--epochs", type=int, default=EPOCHS)
@@ -163,11 +172,12 @@ def main(argv: Optional[List[str]] = None) -> int:
     recipe = thor_recipe(kl_clip=args.kl_clip, factor_convention=args.factor_convention)
     results = []
     for name in args.optimizers:
-        print(f"=== {LABELS[name]} (lr {lrs[name]:g}) ===", flush=True)
+        lr = ADAPTIVE if name == THOR_ADAPTIVE else lrs[name]
+        print(f"=== {LABELS[name]} (lr {format_lr(lr)}) ===", flush=True)
         try:
-            results.append(run(name, epochs=args.epochs, lr=lrs[name], seed=args.seed, eval_every=args.eval_every,
+            results.append(run(name, epochs=args.epochs, lr=lr, seed=args.seed, eval_every=args.eval_every,
                                target=args.target, quiet=args.quiet, max_seconds=args.max_seconds,
-                               label=LABELS[name], **(recipe if name == "thor" else {})))
+                               label=LABELS[name], **(recipe if name in THOR_KINDS else {})))
         except Exception as exc:  # an extra row failing must not hide the others
             traceback.print_exc()
             results.append({"optimizer": name, "error": f"{type(exc).__name__}: {str(exc).splitlines()[0][:80]}"})

@@ -4,14 +4,17 @@ Examples:
     python model_zoo/lenet/train.py --optimizer thor --epochs 5
     python model_zoo/lenet/train.py --optimizer momentum --lr 0.1 --epochs 5 --json out.json
     python model_zoo/lenet/train.py --optimizer lamb --checkpoint lenet_lamb.ckpt
+    python model_zoo/lenet/train.py --optimizer thor_adaptive --epochs 5     # no learning rate to choose
 
 The test accuracy is measured every ``--eval-every`` steps on the whole held-out set; the training
 clock is paused while it is measured, so "time to X%" is training time only (graph compilation
 included). Progress: a bar on an interactive terminal, one line per epoch otherwise. THOR runs
 through ``ConvertModelUtils.convert_to_thor_model`` and the THOR model's dataset-sink loop; the other
 optimizers through ``mindspore.train.Model``. The default learning rates are the ones chosen by
-``tune.py`` (recorded in ``tuned_lr.json``). A run whose loss or state becomes non-finite stops with a
-one-line error and exit code 1; ``--checkpoint`` is only ever overwritten with finite state.
+``tune.py`` (recorded in ``tuned_lr.json``); ``thor_adaptive`` is THOR's call with ``learning_rate`` and
+``damping`` ``"adaptive"`` (recipe-free THOR: no learning rate, damping or schedule to choose). A run
+whose loss or state becomes non-finite stops with a one-line error and exit code 1; ``--checkpoint`` is
+only ever overwritten with finite state.
 """
 from __future__ import annotations
 
@@ -33,8 +36,14 @@ if not __package__:
 
 from model_zoo.common.cli import OneLineArgumentParser, TrainingFailed, run_main  # noqa: E402
 
-OPTIMIZERS = ("thor", "momentum", "lamb", "lars", "asgd")
-LABELS = {"thor": "THOR", "momentum": "Momentum", "lamb": "Lamb", "lars": "LARS(Momentum)", "asgd": "ASGD"}
+OPTIMIZERS = ("thor", "momentum", "lamb", "lars", "asgd")  # each with a tuned learning rate
+#: THOR's call with learning_rate and damping "adaptive": no learning rate from any grid
+THOR_ADAPTIVE = "thor_adaptive"
+ALL_OPTIMIZERS = OPTIMIZERS + (THOR_ADAPTIVE,)
+THOR_KINDS = ("thor", THOR_ADAPTIVE)
+ADAPTIVE = "adaptive"
+LABELS = {"thor": "THOR", "momentum": "Momentum", "lamb": "Lamb", "lars": "LARS(Momentum)", "asgd": "ASGD",
+          THOR_ADAPTIVE: "THOR adaptive"}
 # THOR's recipe (model_zoo/lenet/README.md, "Recipe"). The robustness grid's best LeNet5 cell (Ascend convention,
 # kl_clip 1e-3, constant lr, no per-tensor clipping) was measured against it and did not beat it on validation.
 THOR_DEFAULTS = {"damping": 0.01, "frequency": 20, "weight_decay": 1e-4, "clip": True, "lr_decay": 2.0,
@@ -55,6 +64,11 @@ def thor_recipe(**overrides) -> Dict[str, Any]:
         raise TypeError(f"thor_recipe: unknown THOR setting(s) {sorted(unknown)}")
     recipe.update(overrides)
     return recipe
+
+
+def format_lr(lr) -> str:
+    """A run's learning rate as tables and legends show it (``"adaptive"`` for recipe-free THOR)."""
+    return lr if isinstance(lr, str) else f"{lr:g}"
 
 
 def tuned_lr(path: str = TUNED_LR_FILE) -> Dict[str, float]:
@@ -115,14 +129,17 @@ def check_output_path(parser: argparse.ArgumentParser, option: str, path: Option
 def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
     parser = OneLineArgumentParser(prog="train.py", description=__doc__.splitlines()[0],
                                    formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    parser.add_argument("--optimizer", choices=OPTIMIZERS, default="thor", help="optimizer to train with")
+    parser.add_argument("--optimizer", choices=ALL_OPTIMIZERS, default="thor",
+                        help=f"optimizer to train with ({THOR_ADAPTIVE}: THOR with learning_rate and damping "
+                             f"'adaptive', no --lr or --damping)")
     parser.add_argument("--epochs", type=_positive_int, default=EPOCHS,
                         help="training epochs (44 steps each at batch 32)")
     parser.add_argument("--batch-size", type=_positive_int, default=32, help="batch size")
     parser.add_argument("--lr", type=_finite("learning rate", 0.0), default=None,
                         help="learning rate (default: the optimizer's entry in tuned_lr.json)")
-    parser.add_argument("--damping", type=_finite("damping", 0.0), default=THOR_DEFAULTS["damping"],
-                        help="THOR damping (its scale depends on --factor-convention)")
+    parser.add_argument("--damping", type=_finite("damping", 0.0), default=None,
+                        help=f"THOR damping (its scale depends on --factor-convention; default "
+                             f"{THOR_DEFAULTS['damping']})")
     parser.add_argument("--frequency", type=_positive_int, default=THOR_DEFAULTS["frequency"],
                         help="THOR: recompute factors and inverses every this many steps (>= 2)")
     parser.add_argument("--lr-decay", type=_finite("lr-decay", 0.0, strict=False), default=THOR_DEFAULTS["lr_decay"],
@@ -155,6 +172,13 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
         parser.error(f"argument --frequency: must be >= 2, got {args.frequency}")
     check_output_path(parser, "--json", args.json)
     check_output_path(parser, "--checkpoint", args.checkpoint)
+    if args.optimizer == THOR_ADAPTIVE:
+        if args.lr is not None or args.damping is not None:
+            parser.error(f"--optimizer {THOR_ADAPTIVE} chooses its own learning rate and damping: "
+                         f"give no --lr or --damping")
+        args.lr = ADAPTIVE
+    if args.damping is None:
+        args.damping = THOR_DEFAULTS["damping"]
     if args.lr is None:
         try:
             args.lr = tuned_lr()[args.optimizer]
@@ -185,9 +209,9 @@ def make_optimizer(name: str, net, lr: float, total_steps: int, batch_size: int,
     from ms_optim import nn
 
     params = net.trainable_params()
-    if name == "thor":
-        lr_t = Tensor(thor_lr_schedule(lr, lr_decay, total_steps))
-        damping_t = Tensor(np.full((total_steps,), damping, np.float32))
+    if name in THOR_KINDS:  # thor_adaptive: the same call, with no lr or damping schedule
+        lr_t = Tensor(thor_lr_schedule(lr, lr_decay, total_steps)) if name == "thor" else ADAPTIVE
+        damping_t = Tensor(np.full((total_steps,), damping, np.float32)) if name == "thor" else ADAPTIVE
         return nn.thor(net, lr_t, damping_t, 0.9, weight_decay=THOR_DEFAULTS["weight_decay"],
                        batch_size=batch_size, frequency=frequency, enable_clip_grad=clip, kl_clip=kl_clip,
                        factor_convention=factor_convention)
@@ -231,14 +255,14 @@ def run(optimizer: str = "thor", epochs: int = EPOCHS, batch_size: int = 32, lr:
     from ms_optim._bridge import prime_numpy_bridge
     from ms_optim.train_thor import ConvertModelUtils
 
-    lr = tuned_lr()[optimizer] if lr is None else lr
+    lr = ADAPTIVE if optimizer == THOR_ADAPTIVE else tuned_lr()[optimizer] if lr is None else lr
     ms.set_context(mode=ms.GRAPH_MODE if mode == "graph" else ms.PYNATIVE_MODE, device_target="CPU")
     prime_numpy_bridge()
     ms.set_seed(seed)
     x_tr, y_tr, x_te, y_te = load_digits_32(seed=split_seed) if data is None else data
     train_ds = create_dataset(x_tr, y_tr, batch_size=batch_size, seed=seed)
     steps_per_epoch = train_ds.get_dataset_size()
-    sink = optimizer == "thor"  # THOR: the THOR model's sink loop, one sink between two evaluations
+    sink = optimizer in THOR_KINDS  # THOR: the THOR model's sink loop, one sink between two evaluations
     sinks = -(-epochs * steps_per_epoch // eval_every)
     total_steps = sinks * eval_every if sink else epochs * steps_per_epoch
     net = LeNet5()
@@ -274,8 +298,9 @@ def run(optimizer: str = "thor", epochs: int = EPOCHS, batch_size: int = 32, lr:
             "test_accuracy": final_acc, "train_seconds": seconds, "target": target,
             "seconds_to_target": monitor.seconds_to_target, "stopped_by_time_cap": monitor.capped,
             "diverged": monitor.diverged, "checkpoint_step": monitor.saved_step, "history": history,
-            **({"damping": damping, "frequency": frequency, "clip": clip, "lr_decay": lr_decay, "kl_clip": kl_clip,
-                "factor_convention": opt.factor_convention} if optimizer == "thor" else {})}
+            **({"damping": damping if optimizer == "thor" else ADAPTIVE, "frequency": frequency, "clip": clip,
+                "lr_decay": lr_decay if optimizer == "thor" else None, "kl_clip": kl_clip,
+                "factor_convention": opt.factor_convention} if optimizer in THOR_KINDS else {})}
 
 
 def main(argv: Optional[List[str]] = None) -> int:
@@ -291,7 +316,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         kept = (f"kept the checkpoint of step {result['checkpoint_step']}" if result["checkpoint_step"]
                 else "no checkpoint written")
         raise TrainingFailed(f"training diverged at step {result['diverged']} (non-finite loss or state, "
-                             f"lr {args.lr:g}); {kept}")
+                             f"lr {format_lr(args.lr)}); {kept}")
     hit = result["seconds_to_target"]
     print(f"[{args.optimizer}] final loss {result['final_loss']:.4f}, test accuracy {result['test_accuracy']:.4f}, "
           f"{result['train_seconds']:.1f}s training, time to {args.target:.0%}: "

@@ -13,12 +13,14 @@ checkout, with the keys listed below overridden.
 * ``gnmt``: MindRecord translation records (``src``, ``src_padding``, ``prev_opt``, ``target``,
   ``tgt_padding``) and ``gnmt_cpu.yaml`` from ``research/nlp/gnmt_v2/default_config.yaml`` (hidden
   size 32, vocabulary 64, sequence length 8, batch 2, no dataset sink).
-* ``imagefolder``: an ImageFolder tree of JPEG images (``root/<class>/<n>.jpg``) as res2net's
-  ImageNet reader expects.
+* ``imagefolder``: an ImageFolder tree of JPEG images (``root/<class>/<n>.jpg``) as res2net's and
+  ResNet's ImageNet readers expect (``--classes``, ``--images-per-class``, ``--image-size``).
 
 Usage::
 
     python model_zoo/mindspore_models/make_data.py --models /path/to/models --out /tmp/zoo-data
+    python model_zoo/mindspore_models/make_data.py --models /path/to/models --out /tmp/zoo-data \
+        --only imagefolder --classes 4 --images-per-class 32 --image-size 32
 """
 from __future__ import annotations
 
@@ -158,14 +160,19 @@ def main(argv=None) -> int:
     parser.add_argument("--out", required=True, help="output folder (bert/, gnmt/, imagefolder/ are written)")
     parser.add_argument("--only", choices=["bert", "gnmt", "imagefolder"], action="append",
                         help="write only these (repeatable; default: all)")
+    parser.add_argument("--classes", type=int, default=4, help="imagefolder: class folders (default 4)")
+    parser.add_argument("--images-per-class", type=int, default=4, help="imagefolder: images per class (default 4)")
+    parser.add_argument("--image-size", type=int, default=40, help="imagefolder: image side in pixels (default 40)")
     args = parser.parse_args(argv)
+    if min(args.classes, args.images_per_class, args.image_size) < 1:
+        parser.error("--classes, --images-per-class and --image-size must be >= 1")
     only = args.only or ["bert", "gnmt", "imagefolder"]
     if "bert" in only:
         print("bert config:", write_bert(args.models, args.out))
     if "gnmt" in only:
         print("gnmt config:", write_gnmt(args.models, args.out))
     if "imagefolder" in only:
-        print("image folder:", write_imagefolder(args.out))
+        print("image folder:", write_imagefolder(args.out, args.classes, args.images_per_class, args.image_size))
     return 0
 
 

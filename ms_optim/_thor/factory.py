@@ -136,7 +136,8 @@ def thor(net, learning_rate, damping, momentum, weight_decay=0.0, loss_scale=1.0
             int or float, `loss_scale`, `weight_decay` or `kl_clip` (unless None) not a number,
             `use_nesterov` not a bool, `enable_clip_grad` not a bool or int, `decay_filter` not callable,
             `split_indices` not a list of ints, `net` not a Cell, `factor_convention` not a str,
-            `distribute_inverses` not a bool, `trace_thresholds` not None, a number or a pair of numbers.
+            `distribute_inverses` not a bool, `trace_thresholds` not None, a number or a pair of numbers,
+            `inverse` not a str.
         ValueError: If `factor_convention` is not 'auto', 'gpu', 'ascend' or 'kfc'; if `distribute_inverses`
             is True and `factor_convention` resolves to 'gpu' or 'ascend'.
         ValueError: If `loss_scale`, `batch_size` or `kl_clip` is not positive.

@@ -238,6 +238,8 @@ def validate_thor(net, learning_rate, damping, momentum, weight_decay, loss_scal
     check_int("frequency", frequency, _NAME)
     check_range("frequency", frequency, low=2, cls_name=_NAME)
     _check_int32("frequency", frequency)
+    if not isinstance(inverse, str):
+        raise TypeError(f"For '{_NAME}', the argument 'inverse' must be a str, but got {describe(inverse)}.")
     if inverse not in Inverse.ALL:
         raise ValueError(f"For '{_NAME}', the argument 'inverse' must be 'blocked' or 'full', "
                          f"but got {describe(inverse)}.")

@@ -182,6 +182,8 @@ def thor_bad() -> List[Bad]:
         row(ValueError, "1", [">= 2"], frequency=1),
         row(TypeError, "True", frequency=True),
         row(ValueError, "'cholesky'", inverse="cholesky"),
+        row(TypeError, "None", ["str"], inverse=None),
+        row(TypeError, "1", ["str", "int"], inverse=1),
         row(ValueError, "0", block_size=0),
         # non-finite numbers (NaN slips through `x < 0` style checks) and values beyond float32/int32
         row(ValueError, "nan", momentum=NAN),

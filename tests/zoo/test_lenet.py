@@ -59,6 +59,9 @@ BAD = [
     (["--kl-clip=off"], "argument --kl-clip: expected a number > 0 or 'none', got 'off'"),
     (["--factor-convention=cuda"], "argument --factor-convention: invalid choice: 'cuda'"),
     (["--factor-convention=ASCEND"], "argument --factor-convention: invalid choice: 'ASCEND'"),
+    (["--optimizer=thor_adaptive", "--lr=0.1"], "--optimizer thor_adaptive chooses its own learning rate and "
+                                                "damping: give no --lr or --damping"),
+    (["--optimizer=thor_adaptive", "--damping=0.01"], "--optimizer thor_adaptive chooses its own learning rate"),
 ]
 
 
@@ -167,11 +170,52 @@ def test_compare_and_tune_train_thor_with_train_pys_recipe(monkeypatch, tmp_path
         assert json.load(f)["recipe"]["thor"] == thor_recipe()  # THOR's lr was tuned with today's recipe
 
 
-def test_compare_bad_lr_is_one_line_exit_2(tmp_path):
-    proc = subprocess.run([sys.executable, COMPARE, "--lr", "lars=-3", "--plot", "p.png"], cwd=str(tmp_path),
+def test_thor_adaptive_is_the_thor_call_with_adaptive_lr_and_damping(monkeypatch, tmp_path):
+    """thor_adaptive: THOR's call of the quickstart with learning_rate and damping "adaptive" and every other
+    argument the same (momentum 0.9, weight decay, frequency, clipping, ...); compare.py gives it the THOR
+    recipe and no learning rate from the grid, and its row and legend say "adaptive"."""
+    import dataclasses
+
+    from model_zoo.lenet.lenet import LeNet5
+
+    adaptive = train_mod.make_optimizer("thor_adaptive", LeNet5(), None, 12, 32).config
+    scheduled = train_mod.make_optimizer("thor", LeNet5(), 0.3, 12, 32).config
+    assert adaptive.adaptive_lr and adaptive.adaptive_damping and not scheduled.adaptive_lr
+    for field in dataclasses.fields(scheduled):
+        if field.name not in ("learning_rate", "damping", "adapt_every", "damping_bounds"):
+            assert getattr(adaptive, field.name) == getattr(scheduled, field.name), field.name
+    assert adaptive.momentum == 0.9 and adaptive.frequency == THOR_DEFAULTS["frequency"]
+
+    calls = []
+    monkeypatch.setattr(compare_mod, "run", lambda name, **kw: calls.append((name, kw)) or {
+        "optimizer": name, "lr": kw["lr"], "steps": 220, "final_loss": 0.01, "test_accuracy": 0.5,
+        "train_seconds": 9.0, "seconds_to_target": 4.0, "stopped_by_time_cap": False, "diverged": None,
+        "history": [{"step": 11, "seconds": 1.0, "test_accuracy": 0.5, "loss": 1.0}]})
+    monkeypatch.setattr(sys, "stdout", io.StringIO())
+    assert compare_mod.main(["--optimizers", "thor", "thor_adaptive", "--quiet", "--plot",
+                             str(tmp_path / "p.png")]) == 0
+    table = sys.stdout.getvalue()
+    assert [(name, kw["lr"]) for name, kw in calls] == [("thor", tuned_lr()["thor"]), ("thor_adaptive", "adaptive")]
+    assert {k: calls[1][1][k] for k in thor_recipe()} == thor_recipe()
+    assert "=== THOR adaptive (lr adaptive) ===" in table
+    assert "| THOR adaptive | adaptive | 220 | 0.0100 | 0.5000 | 9.0 | 4.0 | still climbing " in table
+    assert table.count("slow start with adaptive steps") == 1 and (tmp_path / "p.png").stat().st_size > 0
+
+
+@pytest.mark.slow
+def test_thor_adaptive_trains_lenet():
+    result = train_mod.run("thor_adaptive", epochs=1, quiet=True)
+    assert result["lr"] == "adaptive" and result["damping"] == "adaptive" and result["steps"] == 44
+    assert result["diverged"] is None and np.isfinite(result["final_loss"])
+    assert result["test_accuracy"] > 0.8, result["test_accuracy"]
+
+
+@pytest.mark.parametrize("item", ["lars=-3", "thor_adaptive=0.1"])
+def test_compare_bad_lr_is_one_line_exit_2(tmp_path, item):
+    proc = subprocess.run([sys.executable, COMPARE, "--lr", item, "--plot", "p.png"], cwd=str(tmp_path),
                           env=ENV, capture_output=True, text=True, timeout=120)
     lines = [line for line in proc.stderr.splitlines() if line.strip()]
-    assert proc.returncode == 2 and len(lines) == 1 and "'lars=-3'" in lines[0], proc.stderr
+    assert proc.returncode == 2 and len(lines) == 1 and f"'{item}'" in lines[0], proc.stderr
     assert _files(str(tmp_path)) == []
 
 
