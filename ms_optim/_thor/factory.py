@@ -26,15 +26,16 @@ def build_thor(net: nn.Cell, config: ThorConfig) -> ThorOptimizer:
     """Convert ``net`` in place for ``config`` (every layer built with its convention, block width, schedule
     guard and shared tap) and build the optimizer (``config`` already validated)."""
     limits = config.schedule_limits
-    # PYNATIVE: a step past their end is refused before the backward pass writes the factors; the guard
-    # reads the optimizer's global_step, bound once the optimizer exists
+    # PYNATIVE: a step past the schedules' end, or a measured step no training cell measures, is refused
+    # before the backward pass writes the factors; the guard is bound once the optimizer exists
+    guarded = bool(limits) or config.measures_loss
     guard = ScheduleGuard(_NAME, Parameter(Tensor(np.zeros((1,), np.int32)), name="global_step"),
-                          limits) if limits else None
+                          limits) if guarded else None
     settings = TapSettings(config.factor_convention, config.batch_size, config.factor_block_size, guard)
     layers = convert_net(net, settings)  # thor_candidates' layers: the rule the validation counted with
     optimizer = ThorOptimizer(net, layers, config)
     if guard is not None:
-        guard.step = optimizer.global_step
+        guard.bind(optimizer)
     return optimizer
 
 
@@ -75,8 +76,9 @@ def thor(net, learning_rate, damping, momentum, weight_decay=0.0, loss_scale=1.0
             model, calibrated on each batch by one extra forward pass of the training cell
             (:ref:`thor-adaptive-lr`).
         damping (Union[Tensor, str]): :math:`d_t`: per-step damping (1-D) or one 0-D value. Or
-            ``"adaptive"``: no schedule; a Levenberg-Marquardt rule on the reduction ratio, measured every
-            ``adapt_every`` steps with an extra forward pass of the training cell
+            ``"adaptive"``: no schedule; every step measured by an extra forward pass of the training
+            cell, a step that raised the loss or overshot taken back with the damping raised, and a
+            Levenberg-Marquardt rule on the reduction ratio every ``adapt_every`` steps
             (:ref:`thor-adaptive-damping`).
         momentum (Union[float, str]): :math:`\mu`, at least 0.0; below 1.0 with ``learning_rate="adaptive"``,
             where it may also be ``"adaptive"`` (chosen by the quadratic model each step).
@@ -114,8 +116,8 @@ def thor(net, learning_rate, damping, momentum, weight_decay=0.0, loss_scale=1.0
             every THOR step: MindSpore's THOR), :math:`\omega` or :math:`(\omega_1, \omega_2)` with
             :math:`\omega_1 \ge \omega_2 \ge 0`: THOR's trace rule, which re-inverts only the layers whose
             Fisher block changed (:ref:`thor-trace`). Default: None.
-        adapt_every (int): keyword-only. With ``damping="adaptive"``, the steps between two adaptations (at
-            least 1). Default: None (5).
+        adapt_every (int): keyword-only. With ``damping="adaptive"``, the steps between two
+            Levenberg-Marquardt adaptations (at least 1). Default: None (5).
         damping_bounds (tuple[float, float]): keyword-only. With ``damping="adaptive"``, ``(low, high)``,
             :math:`0 < \text{low} \le \text{high}`: the range of the damping. Default: None (``(1e-8, 1e4)``).
 

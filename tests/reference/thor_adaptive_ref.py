@@ -2,8 +2,8 @@
 ``thor(..., learning_rate="adaptive")`` (:class:`AdaptiveLrMixin`: the step from the 2x2 quadratic model, its
 curvature calibrated by the loss at a trial point; the formulas are in its docstring).
 
-Written from the formulas of ``ms_optim/_thor/adaptive.py``, ``ms_optim/_thor/quad_model.py`` and
-``ms_optim/_thor/adaptive_lr.py`` (module docstrings), on top of :class:`reference.thor_ref.ThorReference`
+Written from the formulas in the module docstrings of ``ms_optim/_thor/step/damping.py``,
+``momentum_rule.py``, ``quad_model.py`` and ``quadratic_rule.py``, on top of :class:`reference.thor_ref.ThorReference`
 (THOR's step). The damping rule, with ``f`` the frequency,
 ``T = adapt_every``, ``omega = 0.95**T``, ``[lo, hi]`` the bounds:
 
@@ -12,11 +12,15 @@ Written from the formulas of ``ms_optim/_thor/adaptive.py``, ``ms_optim/_thor/qu
     first step:  p_l = tr(A_l)/n_A * tr(G_l)/n_G;  d = clip(max(10 * exp(mean log p_l over p_l > 0), 0.03), lo, hi)
     invert if t % f == 0 (this step's factors, which are then stored) or d != d_inv (the stored factors)
     THOR's update
-    if (t + 1) % T == 0:
+    after every step (a learning-rate schedule; with learning_rate="adaptive" after the adaptation steps):
         delta_j = -lr[t] accum_j;  q = sum_j g_j . delta_j + 1/2 sum_j c_j(delta_j),
             c = <Gb delta, delta Ab> for a Dense weight (Ab, Gb: the stored factors' diagonal blocks),
             c = <g^2 / B, delta^2> for LayerNorm gamma/beta, 0 otherwise
         L1 = loss on the same batch after the update;  rho = (L1 - L0) / q  (-100 if not finite)
+        a learning-rate schedule's step is taken back (parameters as before it, accum = 0, the damping below
+            multiplied by at least 10) when L1 is not finite, L1 - L0 > 2**-16 max(|L0|, |L1|), or q >= 0
+            outside rounding noise (the model says the step overshoots)
+    if (t + 1) % T == 0:
             (with learning_rate="adaptive": the trial's ratio against its calibrated model, AdaptiveLrMixin)
         d = d if L0, L1, q finite and |L1 - L0|, |q| <= 2**-16 max(|L0|, |L1|) (rounding noise);
             else clip(d / omega) if rho < 1/4;  clip(d * omega) if rho > 3/4;  else d
@@ -32,6 +36,7 @@ import numpy as np
 from reference.thor_ref import Array, ThorReference
 
 FAILED_RATIO = -100.0  # the reduction ratio recorded when it is not a finite number
+REJECTED_GROWTH = 10.0  # a step taken back multiplies the damping by at least this
 RESOLUTION = 2.0 ** -16  # changes at most this times the loss are rounding noise of a float32 loss
 
 
@@ -90,6 +95,7 @@ class AdaptiveThorReference(ThorReference):
         self.d_inv: Optional[float] = None
         self.stored: Dict[str, Tuple[Array, Array]] = {}
         self.dampings, self.ratios, self.changes, self.predicted = [], [], [], []
+        self.rejections = []  # the steps taken back
         self.inversion_steps = []
 
     def damping_now(self, factors):
@@ -137,17 +143,36 @@ class AdaptiveThorReference(ThorReference):
     def step(self, x: Array, y: Array) -> Dict[str, Array]:
         t = self.t
         lr = self._at(self.lr)
+        before = {name: value.copy() for name, value in self.params.items()}
         super().step(x, y)
-        if (t + 1) % self.adapt_every == 0:
+        adapting = (t + 1) % self.adapt_every == 0
+        factor = 1.0
+        if self.floor_at_start:  # the adaptive learning rate measures its own trial (AdaptiveLrMixin)
+            if adapting:
+                rho, change, q, noise = self.reduction(x, y, lr)
+                factor = 1.0 if noise else damping_factor(rho, self.omega)
+                self._record(t, rho, change, q)
+        else:  # a learning-rate schedule: every step is measured, and taken back when it failed
             rho, change, q, noise = self.reduction(x, y, lr)
-            factor = 1.0 if noise else damping_factor(rho, self.omega)
-            low = max(self.start, self.bounds[0]) if self.floor_at_start else self.bounds[0]
-            self.d = min(max(self.d * factor, low), self.bounds[1])
-            self.ratios.append((t, rho))
-            self.changes.append((t, change))
-            self.predicted.append((t, q))
+            if adapting:
+                factor = 1.0 if noise else damping_factor(rho, self.omega)
+                self._record(t, rho, change, q)
+            after = self.losses[-1] + change
+            raised = not math.isfinite(after) or change > RESOLUTION * max(abs(self.losses[-1]), abs(after))
+            if raised or not (noise or q < 0):
+                self.params = before
+                self.moments = {name: np.zeros_like(m) for name, m in self.moments.items()}
+                self.rejections.append(t)
+                factor = max(factor, REJECTED_GROWTH)
+        low = max(self.start, self.bounds[0]) if self.floor_at_start else self.bounds[0]
+        self.d = min(max(self.d * factor, low), self.bounds[1])
         self.dampings.append(self.d)
         return self.params
+
+    def _record(self, t: int, rho: float, change: float, q: float) -> None:
+        self.ratios.append((t, rho))
+        self.changes.append((t, change))
+        self.predicted.append((t, q))
 
 
 # ----------------------------------------------------------------------------- learning_rate="adaptive"

@@ -62,7 +62,7 @@ CASES = [
     ("adaptive_lr", "plain", 2 * STEPS),
     ("adaptive_lr", "sens_return_grad", 2 * STEPS),
     ("adaptive_lr", "loss_scale", 2 * STEPS),
-    ("adaptive_damping", "plain", STEPS + STEPS // 2),  # the probe after the adaptation steps 1, 3
+    ("adaptive_damping", "plain", 2 * STEPS),  # every step is measured (it may be taken back)
     ("momentum", "plain", STEPS),
     ("momentum", "loss_scale", STEPS),
 ]

@@ -65,8 +65,24 @@ __all__ = ["FactorTap", "TapSettings", "TapPool", "ScheduleGuard", "DEFAULT_BLOC
 DEFAULT_BLOCK_SIZE = 128
 
 
-class ScheduleGuard(nn.Cell):
-    """Refuse the step ``step`` indexes past the end of a per-step list before a tap writes the factors.
+class _GuardChoices(nn.Cell):
+    """What a :class:`ScheduleGuard` reads in Python when its graph is parsed (a property of a base class:
+    see :class:`_ParsedChoices`)."""
+
+    @property
+    def refusal(self) -> str:
+        """The bound optimizer's message when it measures its steps but no training cell runs the extra
+        forward pass for it (``ThorOptimizer.probed``), else ``""``."""
+        optimizer = self.__dict__.get("optimizer")
+        if optimizer is None or not optimizer.measures_loss or optimizer.probed:
+            return ""
+        return optimizer.unprobed
+
+
+class ScheduleGuard(_GuardChoices):
+    """Refuse, before a tap writes the factors, a step the optimizer would refuse after the backward pass:
+    one that ``step`` indexes past the end of a per-step list, or any step of an optimizer that measures its
+    steps stepped by a training cell that never runs the extra forward pass.
 
     Args:
         owner (str): the name the optimizer's message uses (``"thor"``).
@@ -74,9 +90,10 @@ class ScheduleGuard(nn.Cell):
         limits (Sequence[Tuple[str, int]]): (argument name, number of values) of each per-step 1-D list.
 
     Calling it raises ``check_schedule_length``'s ValueError (the optimizer's own message) when the step is
-    past the end of one of the lists, and returns ``step`` (for ``ops.depend``). A Cell of plain MindSpore
-    ops, so it also compiles inside ``ms.jit`` in PYNATIVE mode; a tap does not call it in GRAPH mode
-    (there the step's single graph is refused as a whole: see ``FactorTap.schedule_guard``).
+    past the end of one of the lists, or the optimizer's RuntimeError (:attr:`refusal`), and returns ``step``
+    (for ``ops.depend``). A Cell of plain MindSpore ops, so it also compiles inside ``ms.jit`` in PYNATIVE
+    mode; a tap does not call it in GRAPH mode (there the step's single graph is refused as a whole: see
+    ``FactorTap.schedule_guard``). :meth:`bind` gives it the optimizer once that exists.
     """
 
     def __init__(self, owner: str, step: Parameter, limits: Sequence[Tuple[str, int]]):
@@ -85,8 +102,16 @@ class ScheduleGuard(nn.Cell):
         self.step = step
         self.limits = tuple((name, int(size)) for name, size in limits)
         self.sizes = tuple(Tensor(int(size), mstype.int32) for _, size in limits)
+        self.__dict__["optimizer"] = None  # kept out of the Cell tree (it holds the net)
+
+    def bind(self, optimizer) -> None:
+        """Read ``optimizer``'s ``global_step``, and refuse its steps while it is not ``probed``."""
+        self.step = optimizer.global_step
+        self.__dict__["optimizer"] = optimizer
 
     def construct(self):
+        if self.refusal:
+            raise RuntimeError(self.refusal)
         step = self.step
         for i in range(len(self.limits)):
             step = check_schedule_length(self.owner, self.limits[i][0], self.limits[i][1], self.sizes[i],
@@ -272,7 +297,7 @@ class FactorTap(_ParsedChoices):
         kernels = self.kernels
         guard = self.schedule_guard
         if flag:
-            if guard is not None:  # PYNATIVE: the optimizer refuses this step only after the backward pass
+            if guard is not None:  # PYNATIVE: the optimizer would refuse the step only after the backward
                 dout = ops.depend(dout, guard())
             if kernels is not None:  # one op per factor (each also reads the flag)
                 dout = self._store_fused(kernels, x, dout, flag, a_cov, g_cov)

@@ -23,6 +23,8 @@ carries.
                                                                         float32 resolution: ``unresolved``)
                                 d = clip(d / omega, floor, d_max)       if rho < 1/4
                                 d = clip(d * omega, floor, d_max)       if rho > 3/4
+    after a step taken back (``momentum_rule.py``: it raised the loss on its batch, or overshot):
+                                d = clip(d * max(10, the factor above), floor, d_max)
 
   ``floor`` is ``d_min`` with a learning-rate schedule; with ``learning_rate="adaptive"`` it is the first
   step's damping (``start``: the ratio of a step calibrated on its batch cannot tell that the damping is too
@@ -34,8 +36,9 @@ The new damping acts from step ``t + 1`` on: its inverses are recomputed then (f
 adaptation that changes ``d`` costs one inversion. State (float32 Parameters of shape (), in checkpoints):
 ``value`` (``thor_damping``, -1 until the first step sets it), ``start`` (``thor_initial_damping``),
 ``inverted`` (``thor_inverted_damping``: the damping of the stored inverses), ``predicted``
-(``thor_predicted_change``: q of the last adaptation step), ``ratio`` (``thor_reduction_ratio``) and
-``loss_change`` (``thor_loss_change``).
+(``thor_predicted_change``: q of the last measured step), ``ratio`` (``thor_reduction_ratio``) and
+``loss_change`` (``thor_loss_change``), each recorded finite (``FAILED_RATIO`` or 0 for a number that is
+not), and ``rejected_steps`` (``thor_rejected_steps``, int32: the steps taken back).
 """
 from __future__ import annotations
 
@@ -54,7 +57,7 @@ from ms_optim._thor.parallel import RankMean
 
 __all__ = ["ScheduledDamping", "LevenbergMarquardt", "build_damping_rule", "scalar_parameter", "unresolved",
            "adaptation_factor", "LOWER_RATIO", "UPPER_RATIO", "DECAY_PER_STEP", "INITIAL_SCALE",
-           "FALLBACK_DAMPING", "FAILED_RATIO", "RESOLUTION"]
+           "FALLBACK_DAMPING", "FAILED_RATIO", "REJECTED_GROWTH", "RESOLUTION", "raised_loss"]
 
 #: below it the damping rises, above UPPER_RATIO it falls (Martens & Grosse's 1/4 and 3/4)
 LOWER_RATIO = 0.25
@@ -68,9 +71,17 @@ INITIAL_SCALE = 10.0
 FALLBACK_DAMPING = 0.03
 #: the ratio recorded when it is not a finite number
 FAILED_RATIO = -100.0
+#: a step that was not kept (it raised the loss on its own batch, or gave none) multiplies the damping by at
+#: least this
+REJECTED_GROWTH = 10.0
 #: a loss change at most this times the loss is rounding noise of a float32 loss (about 128 units in the last
 #: place): a step whose predicted and measured changes are both that small measures nothing
 RESOLUTION = 2.0 ** -16
+
+
+def _finite(value, fallback):
+    """``value`` where finite, else ``fallback`` (a record a checkpoint keeps holds no NaN or inf)."""
+    return ops.select(ops.isfinite(value), value, fallback)
 
 
 def scalar_parameter(value: float, name: str) -> Parameter:
@@ -87,6 +98,13 @@ def unresolved(change, predicted, loss_before, loss_after):
     resolution = RESOLUTION * ops.maximum(ops.abs(loss_before), ops.abs(loss_after))
     small = ops.logical_and(ops.abs(change) <= resolution, ops.abs(predicted) <= resolution)
     return ops.logical_and(finite, small)
+
+
+def raised_loss(loss_before, loss_after):
+    """Whether a step raised the loss on its own batch: ``loss_after`` not finite, or above ``loss_before`` by
+    more than the float32 loss's resolution (``RESOLUTION`` of the larger)."""
+    resolution = RESOLUTION * ops.maximum(ops.abs(loss_before), ops.abs(loss_after))
+    return ops.logical_or(ops.logical_not(ops.isfinite(loss_after)), loss_after - loss_before > resolution)
 
 
 def adaptation_factor(adapt_every: int) -> float:
@@ -155,6 +173,9 @@ class LevenbergMarquardt(nn.Cell):
         self.predicted = scalar_parameter(0.0, "thor_predicted_change")
         self.ratio = scalar_parameter(0.0, "thor_reduction_ratio")
         self.loss_change = scalar_parameter(0.0, "thor_loss_change")
+        self.rejected_steps = Parameter(Tensor(0, mstype.int32), name="thor_rejected_steps",
+                                        requires_grad=False)
+        self.failed = Tensor(FAILED_RATIO, mstype.float32)
         self.num_layers = len(layers)
         self.layer_a = tuple(layer.matrix_a_cov for layer in layers)
         self.layer_g = tuple(layer.matrix_g_cov for layer in layers)
@@ -217,18 +238,24 @@ class LevenbergMarquardt(nn.Cell):
         start = F.depend(start, ops.assign(self.start, start))
         return ops.maximum(start, self.low)
 
-    def adapt(self, ratio, change, predicted, noise):
-        """The Levenberg-Marquardt update from a step's reduction ratio ``ratio`` (its loss change ``change``
-        over the change ``predicted``; no move where ``noise``): the damping times ``1/omega`` (ratio below
-        1/4), ``omega`` (above 3/4) or 1, clipped to ``[floor, d_max]``; records the three numbers; returns
-        the new damping."""
+    def adapt(self, ratio, change, predicted, noise, rejected, adaptation=True):
+        """The damping's update after a measured step: on an adaptation step (``adaptation``) the
+        Levenberg-Marquardt factor of its reduction ratio ``ratio`` (its loss change ``change`` over the
+        change ``predicted``; 1 where ``noise``): ``1/omega`` below 1/4, ``omega`` above 3/4, else 1; after a
+        step that was not kept (``rejected``) at least ``REJECTED_GROWTH``; clipped to ``[floor, d_max]``.
+        Records ``predicted`` and, on an adaptation step, ``ratio`` and ``change`` (each finite: one that is
+        not as 0 or ``FAILED_RATIO``) and counts the rejected steps; returns the new damping."""
         factor = ops.select(ratio < LOWER_RATIO, self.inverse_omega,
                             ops.select(ratio > UPPER_RATIO, self.omega, self.one))
-        factor = ops.select(noise, self.one, factor)
+        factor = ops.select(ops.logical_or(noise, ops.logical_not(adaptation)), self.one, factor)
+        factor = ops.select(rejected, ops.maximum(factor, REJECTED_GROWTH * self.one), factor)
         damping = ops.minimum(ops.maximum(self.value * factor, self._floor()), self.high)
-        done = ops.assign(self.ratio, ratio)
-        done = F.depend(done, ops.assign(self.loss_change, change))
-        done = F.depend(done, ops.assign(self.predicted, predicted))
+        zero = 0.0 * self.one
+        done = ops.assign(self.ratio, ops.select(adaptation, _finite(ratio, self.failed), self.ratio * 1.0))
+        done = F.depend(done, ops.assign(self.loss_change, ops.select(adaptation, _finite(change, zero),
+                                                                      self.loss_change * 1.0)))
+        done = F.depend(done, ops.assign(self.predicted, _finite(predicted, zero)))
+        done = F.depend(done, ops.assign_add(self.rejected_steps, ops.cast(rejected, mstype.int32)))
         return F.depend(damping, F.depend(ops.assign(self.value, damping), done))
 
 

@@ -11,14 +11,24 @@ parameter's spec's ``apply(-1)``: ``G^-1 g A^-1`` and the other kinds' rules):
     accum <- momentum * accum + u
     w     <- w - lr[t] * accum             (Nesterov: w <- w - lr[t] * (u + momentum * accum))
 
-With ``damping="adaptive"`` the damping rule needs, after every adaptation step, the change the quadratic
-model predicts for the update the step made, ``delta = -lr[t] accum``: ``q = <g, delta> + 1/2 K(delta,
+With ``damping="adaptive"`` every step is measured. The rule computes the change the quadratic model
+predicts for the update the step made, ``delta = -lr[t] accum``: ``q = <g, delta> + 1/2 K(delta,
 delta)`` (``quad_model.change`` of the one-direction model over ``delta``: the Kronecker curvature of the
 stored factors without the damping, as kfac-jax measures its ratio, and without weight decay, which the
-measured loss has not). :meth:`MomentumRule.finish` then takes the step's loss ``L0`` and the loss ``L1`` on
-the same batch after it (the training cell's extra forward pass), averages ``(L0, L1, q)`` over the
-data-parallel ranks, and hands ``rho = (L1 - L0) / q`` (``FAILED_RATIO`` when not finite) to the damping
-rule's ``adapt``.
+measured loss has not). The training cell runs the network once more on the step's batch: ``L1``, against the
+step's loss ``L0`` (``L0``, ``L1`` and ``q`` averaged over the data-parallel ranks).
+:meth:`MomentumRule.finish` takes the step back when it failed::
+
+    failed = L1 not finite, or L1 - L0 > 2**-16 max(|L0|, |L1|) (it raised the loss on its batch),
+             or q >= 0 outside rounding noise (the model itself says the step overshot its minimum)
+    then    w <- w before the step (a copy: adding back a long update would round a small weight away),
+            accum <- 0 (the momentum that made the step goes with it),
+            d <- d * max(10, the Levenberg-Marquardt factor)  (``REJECTED_GROWTH``)
+
+so the next step is shorter and turns towards the gradient. On the adaptation steps the damping rule also
+takes ``rho = (L1 - L0) / q`` (``FAILED_RATIO`` when not finite) for its Levenberg-Marquardt factor. A
+learning rate too large for the net then gives taken-back steps and a higher damping, never a non-finite loss
+or state.
 """
 from __future__ import annotations
 
@@ -32,7 +42,7 @@ from ms_optim._thor.modes import Mode
 from ms_optim._thor.net.factor_kernels import quad_kernels
 from ms_optim._thor.parallel import RankMean
 from ms_optim._thor.step import quad_model as qm
-from ms_optim._thor.step.damping import FAILED_RATIO, unresolved
+from ms_optim._thor.step.damping import FAILED_RATIO, raised_loss, unresolved
 from ms_optim._thor.step.kl_clip import apply_kl_clip
 from ms_optim._thor.step.table import ParameterTable
 from ms_optim._thor.step.update import (
@@ -42,6 +52,7 @@ from ms_optim._thor.step.update import (
     momentum_step,
     nesterov_step,
     precondition,
+    restore,
     scale,
     sequential_step,
 )
@@ -64,9 +75,10 @@ class MomentumRule(nn.Cell):
     ``rule.probe_due`` names.
     """
 
-    def __init__(self, config: ThorConfig, table: ParameterTable, moments, momentum, damping_rule: nn.Cell,
-                 fused: bool = False):
+    def __init__(self, config: ThorConfig, table: ParameterTable, weights, moments, momentum,
+                 damping_rule: nn.Cell, fused: bool = False):
         super().__init__(auto_prefix=False)
+        self.weights = weights
         self.applies, self.slots, self.decay_flags = table.applies, table.slots, table.decay_flags
         self.curved = table.curved
         self.moments = moments
@@ -94,6 +106,9 @@ class MomentumRule(nn.Cell):
                 self.plan = qm.fused_plan(1, no_decay, table.curved)
             self.mean_over_ranks = RankMean(config.ranks)
             self.failed = Tensor(FAILED_RATIO, mstype.float32)
+            # the parameters before the step: a step that failed is taken back exactly (adding back a long
+            # update would round away a small weight)
+            self.before = weights.clone(prefix="thor_before", init="zeros")
 
     def _staged(self, params, gradients, lr, context):
         """Precondition every gradient, then the rules that read all of them (KL clip, unit-norm clip), decay
@@ -114,6 +129,8 @@ class MomentumRule(nn.Cell):
                               self.moments)
 
     def construct(self, params, gradients, lr, context, step):
+        if self.measures:
+            gradients = F.depend(gradients, self.hyper_map(ops.assign, self.before, params))
         if self.sequential:
             update = (self.opt, self.momentum, lr, self.weight_decay if self.apply_weight_decay else None)
             success = self.hyper_map(F.partial(sequential_step, update, context), self.applies, self.slots,
@@ -121,8 +138,7 @@ class MomentumRule(nn.Cell):
         else:
             success = self._staged(params, gradients, lr, context)
         if self.measures:
-            if self.damping_rule.due_after(step + 1):
-                success = F.depend(success, self._predict(params, gradients, lr, context, success))
+            success = F.depend(success, self._predict(params, gradients, lr, context, success))
         return success
 
     def _predict(self, params, gradients, lr, context, success):
@@ -140,18 +156,23 @@ class MomentumRule(nn.Cell):
         return ops.assign(self.damping_rule.predicted, qm.change(model))
 
     def probe_due(self, global_step):
-        """Whether the step just taken (``global_step``: its successor's index) needs the loss after it."""
-        return self.damping_rule.due_after(global_step)
+        """Every step of ``damping="adaptive"`` needs the loss after it on its batch."""
+        return True
 
     def finish(self, loss_before, loss_after, global_step):
-        """The reduction ratio of the adaptation step just taken, and the damping's update (module
-        docstring)."""
+        """A step that raised the loss on its batch is taken back; the damping's update, with the reduction
+        ratio of an adaptation step (module docstring)."""
         values = ops.stack([ops.reshape(ops.cast(loss_before, mstype.float32), ()),
                             ops.reshape(ops.cast(loss_after, mstype.float32), ()),
                             self.damping_rule.predicted * 1.0])
         values = self.mean_over_ranks(values)
         change = values[1] - values[0]
+        noise = unresolved(change, values[2], values[0], values[1])
+        overshot = ops.logical_not(ops.logical_or(noise, values[2] < 0))
+        rejected = ops.logical_or(raised_loss(values[0], values[1]), overshot)
+        if rejected:
+            rejected = F.depend(rejected, self.hyper_map(restore, self.weights, self.before, self.moments))
         ratio = change / values[2]
         ratio = ops.select(ops.isfinite(ratio), ratio, self.failed)
-        noise = unresolved(change, values[2], values[0], values[1])
-        return self.damping_rule.adapt(ratio, change, values[2], noise)
+        adaptation = self.damping_rule.due_after(global_step)
+        return self.damping_rule.adapt(ratio, change, values[2], noise, rejected, adaptation)

@@ -78,7 +78,7 @@ def unprobed_message(config: ThorConfig) -> str:
     if config.lr_mode == Mode.ADAPTIVE:
         argument, what = "learning_rate='adaptive'", "the loss at a trial point of each step"
     else:
-        argument, what = "damping='adaptive'", "the loss after each adapted step"
+        argument, what = "damping='adaptive'", "the loss after each step"
     return (f"For 'thor', {argument} needs {what} on the same batch, which the training cell computes: step "
             f"it with ms_optim.nn.TrainOneStepCell or ms_optim.nn.TrainOneStepWithLossScaleCell (MindSpore's "
             f"arguments), a ModelThor (ms_optim.train_thor.ConvertModelUtils.convert_to_thor_model) or "
@@ -168,7 +168,8 @@ class ThorOptimizer(Optimizer):
             self.step_rule = QuadraticRule(config, self.table, self._parameters, self.moments,
                                            self.damping_rule, kernels is not None and self._all_float32())
         else:
-            self.step_rule = MomentumRule(config, self.table, self.moments, self.momentum, self.damping_rule,
+            self.step_rule = MomentumRule(config, self.table, self._parameters, self.moments, self.momentum,
+                                          self.damping_rule,
                                           kernels is not None and self._all_float32())
         self.scheduled_lr = config.lr_mode == Mode.SCHEDULED
         self.adaptive_damping = config.damping_mode == Mode.ADAPTIVE

@@ -122,6 +122,8 @@ class QuadraticRule(nn.Cell):
         self.adapts_damping = config.damping_mode == Mode.ADAPTIVE
         self.damping_rule = damping_rule
         self.failed = Tensor(FAILED_RATIO, mstype.float32)
+        # the damping reacts to a rejected trial through its ratio: the trial is not taken back twice
+        self.kept, self.adapting = Tensor(False), Tensor(True)
         self.mean_over_ranks = RankMean(config.ranks)
 
     def coefficients(self, model, kappa, damping):
@@ -217,5 +219,6 @@ class QuadraticRule(nn.Cell):
                 ratio = change / calibrated
                 usable = ops.logical_and(ops.logical_and(finite, damped > 0), calibrated < 0)
                 ratio = ops.select(ops.logical_and(usable, ops.isfinite(ratio)), ratio, self.failed)
-                alpha = F.depend(alpha, self.damping_rule.adapt(ratio, change, calibrated, noise))
+                alpha = F.depend(alpha, self.damping_rule.adapt(ratio, change, calibrated, noise, self.kept,
+                                                                self.adapting))
         return alpha

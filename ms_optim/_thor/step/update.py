@@ -24,7 +24,8 @@ from mindspore.ops import composite as C
 from mindspore.ops import functional as F
 
 __all__ = ["precondition", "curvature_product", "apply_decay", "clip_to_unit_norm", "momentum_step",
-           "nesterov_step", "sequential_step", "scale", "take_trial", "move", "write_flag"]
+           "nesterov_step", "sequential_step", "scale", "restore", "take_trial",
+           "move", "write_flag"]
 
 precondition = C.MultitypeFuncGraph("thor_precondition")
 curvature_product = C.MultitypeFuncGraph("thor_curvature_product")
@@ -34,6 +35,7 @@ momentum_step = C.MultitypeFuncGraph("thor_momentum_step")
 nesterov_step = C.MultitypeFuncGraph("thor_nesterov_step")
 sequential_step = C.MultitypeFuncGraph("thor_sequential_step")
 scale = C.MultitypeFuncGraph("thor_scale")
+restore = C.MultitypeFuncGraph("thor_restore")
 take_trial = C.MultitypeFuncGraph("thor_take_trial")
 move = C.MultitypeFuncGraph("thor_move")
 write_flag = C.MultitypeFuncGraph("thor_write_flag")
@@ -109,6 +111,14 @@ def _sequential_step_tensor(update, context, apply, slot, decay, gradient, weigh
 def _scale_tensor(factor, value):
     """``factor * value`` in float32."""
     return factor * ops.cast(value, mstype.float32)
+
+
+@restore.register("Tensor", "Tensor", "Tensor")
+def _restore_tensor(weight, before, moment):
+    """Take back a momentum step: the weight as ``before`` it, ``accum <- 0`` (the accumulation that made the
+    step is dropped with it)."""
+    back = ops.assign(weight, before)
+    return F.depend(True, ops.assign(moment, ops.depend(ops.zeros_like(moment), back)))
 
 
 @take_trial.register("Tensor", "Tensor", "Tensor", "Tensor", "Tensor")
