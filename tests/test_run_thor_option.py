@@ -128,11 +128,11 @@ def test_run_makes_the_scripts_thor_calls_recipe_free(tmp_path, capsys):
         lr, damping = Tensor(np.full(5, 0.1, np.float32)), Tensor(np.float32(0.03))
         a = nn.thor(nn.SequentialCell([nn.Dense(4, 3)]), lr, damping, 0.8, frequency=4)
         b = ms_optim_nn.thor(nn.SequentialCell([nn.Dense(4, 3)]), lr, damping, 0.7)
-        print("SCRIPT", [(o.config.adaptive_lr, o.config.adaptive_damping, o.config.momentum) for o in (a, b)])
+        print("SCRIPT", [(o.config.lr_mode, o.config.damping_mode, o.config.momentum) for o in (a, b)])
     """)
     assert run.main(["--thor=adaptive", script]) == 0
     captured = capsys.readouterr()
-    assert "SCRIPT [(True, True, 0.8), (True, True, 0.7)]" in captured.out
+    assert "SCRIPT [('adaptive', 'adaptive', 0.8), ('adaptive', 'adaptive', 0.7)]" in captured.out
     calls = _lines(captured.err, f"{RUN_OPTION}: ")
     assert calls == [f"{RUN_OPTION}: thor() builds recipe-free THOR: learning_rate Tensor of shape (5,) and damping "
                      f"Tensor of shape () replaced by 'adaptive' (not read); momentum={m} and the other arguments as "
@@ -158,7 +158,7 @@ def test_every_other_argument_is_kept(capsys):
     expected = plain_thor(_net(), "adaptive", "adaptive", *args, **keywords).config
     for field in dataclasses.fields(expected):
         assert getattr(opt.config, field.name) == getattr(expected, field.name), field.name
-    assert opt.config.adaptive_lr and opt.config.adaptive_damping and opt.config.momentum == 0.85
+    assert (opt.config.lr_mode, opt.config.damping_mode, opt.config.momentum) == ("adaptive", "adaptive", 0.85)
     assert opt.config.decay_filter is decay and opt.config.frequency == 7 and opt.config.enable_clip_grad
     assert type(net[0]).__name__ == "DenseThor"
     err = capsys.readouterr().err

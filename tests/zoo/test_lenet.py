@@ -180,9 +180,10 @@ def test_thor_adaptive_is_the_thor_call_with_adaptive_lr_and_damping(monkeypatch
 
     adaptive = train_mod.make_optimizer("thor_adaptive", LeNet5(), None, 12, 32).config
     scheduled = train_mod.make_optimizer("thor", LeNet5(), 0.3, 12, 32).config
-    assert adaptive.adaptive_lr and adaptive.adaptive_damping and not scheduled.adaptive_lr
+    assert (adaptive.lr_mode, adaptive.damping_mode) == ("adaptive", "adaptive")
+    assert scheduled.lr_mode == "scheduled"
     for field in dataclasses.fields(scheduled):
-        if field.name not in ("learning_rate", "damping", "adapt_every", "damping_bounds"):
+        if field.name not in ("learning_rate", "damping", "lr_mode", "damping_mode", "adapt_every", "damping_bounds"):
             assert getattr(adaptive, field.name) == getattr(scheduled, field.name), field.name
     assert adaptive.momentum == 0.9 and adaptive.frequency == THOR_DEFAULTS["frequency"]
 
