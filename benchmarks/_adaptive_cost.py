@@ -1,13 +1,14 @@
 """What recipe-free THOR's step costs beside THOR's: ``bench_thor_adaptive.py --cost``.
 
-For one task (``_adaptive_tasks``), from the same initial weights and on the same batches, four compiled cells take
-turns step by step, so the machine's state is shared by all of them: THOR (``--lrs[0]``, ``--dampings[0]``) and
-adaptive THOR (``thor(net, "adaptive", "adaptive", 0.9)``), each stepped by ``ms_optim.nn.TrainOneStepCell``
+For one task (``_adaptive_tasks``), from the same initial weights and on the same batches, five compiled cells take
+turns step by step, so the machine's state is shared by all of them: THOR (``--lrs[0]``, ``--dampings[0]``),
+adaptive THOR (``thor(net, "adaptive", "adaptive", 0.9)``) and THOR with the adaptive damping only (``thor(net,
+--lrs[0], "adaptive", 0.9)``: every step measured too), each stepped by ``ms_optim.nn.TrainOneStepCell``
 with ``--frequency``, and the network's loss and gradients without an optimizer, every weight then written (by
 zero, as the trial writes them), once as they are and once followed by the second forward pass the adaptive
 step runs: their difference is that extra pass, the floor of the adaptive step's cost beside THOR's. Reported:
 the median of each over ``--cost-steps`` steps (the first, which compiles, left out; a whole number of THOR
-periods, so THOR steps and the others are in their proportion), the ratio of the adaptive step to THOR's, the
+periods, so THOR steps and the others are in their proportion), the ratios of the adaptive steps to THOR's, the
 extra forward pass as a share of THOR's step, and the ratio without it; then, with MindSpore's profiler over one
 THOR period of each optimizer, the kernels launched per step.
 """
@@ -64,7 +65,7 @@ def _cells(task: Dict, args) -> Dict:
     from ms_optim import nn as ms_nn
 
     cells = {}
-    for kind in ("thor", "adaptive", "gradients", "gradients_and_forward"):
+    for kind in ("thor", "adaptive", "damping", "gradients", "gradients_and_forward"):
         ms.set_seed(args.seed)
         _, net_with_loss = task["build"]()
         if kind.startswith("gradients"):
@@ -73,6 +74,9 @@ def _cells(task: Dict, args) -> Dict:
         if kind == "thor":
             opt = ms_nn.thor(net_with_loss, Tensor(np.float32(args.lrs[0])), Tensor(np.float32(args.dampings[0])),
                              0.9, batch_size=task["batch"], frequency=args.frequency)
+        elif kind == "damping":
+            opt = ms_nn.thor(net_with_loss, Tensor(np.float32(args.lrs[0])), "adaptive", 0.9,
+                             batch_size=task["batch"], frequency=args.frequency)
         else:
             opt = ms_nn.thor(net_with_loss, "adaptive", "adaptive", 0.9, batch_size=task["batch"],
                              frequency=args.frequency)
@@ -114,10 +118,12 @@ def measure_cost(task: Dict, args) -> Dict:
             times[kind].append(time.perf_counter() - start)
     median = {kind: statistics.median(values[1:]) for kind, values in times.items()}
     forward = max(0.0, median["gradients_and_forward"] - median["gradients"])
-    kernels = {kind: _kernels_per_step(cells[kind], batches, args.frequency) for kind in ("thor", "adaptive")}
+    kernels = {kind: _kernels_per_step(cells[kind], batches, args.frequency)
+               for kind in ("thor", "adaptive", "damping")}
     return {"task": task["name"], "steps": len(times["thor"]) - 1,
             "step_ms": {**{kind: 1e3 * value for kind, value in median.items()}, "forward": 1e3 * forward},
             "adaptive_vs_thor": median["adaptive"] / median["thor"],
+            "damping_vs_thor": median["damping"] / median["thor"],
             "forward_share_of_thor": forward / median["thor"],
             "adaptive_vs_thor_without_forward": (median["adaptive"] - forward) / median["thor"],
             "kernels_per_step": kernels}
@@ -136,8 +142,10 @@ def cost_main(args, build_task) -> int:
         print(f"{name:6s} THOR {ms_['thor']:7.2f} ms, adaptive {ms_['adaptive']:7.2f} ms "
               f"({record['adaptive_vs_thor']:.2f}x), its extra forward pass {ms_['forward']:6.2f} ms "
               f"({100 * record['forward_share_of_thor']:.0f}% of THOR's step; without it "
-              f"{record['adaptive_vs_thor_without_forward']:.2f}x); kernels per step: THOR "
-              f"{record['kernels_per_step']['thor']:.0f}, adaptive {record['kernels_per_step']['adaptive']:.0f}",
+              f"{record['adaptive_vs_thor_without_forward']:.2f}x); damping='adaptive' only "
+              f"{ms_['damping']:7.2f} ms ({record['damping_vs_thor']:.2f}x); kernels per step: THOR "
+              f"{record['kernels_per_step']['thor']:.0f}, adaptive {record['kernels_per_step']['adaptive']:.0f}, "
+              f"damping only {record['kernels_per_step']['damping']:.0f}",
               flush=True)
     settings = {k: v for k, v in vars(args).items() if k != "out"}
     write_json(args.out + ".json", {"settings": settings, "wall_seconds": time.perf_counter() - wall,
@@ -162,12 +170,17 @@ def plot_cost(path: str, records: List[Dict], args) -> None:
     thor = [r["step_ms"]["thor"] for r in records]
     forward = [r["step_ms"]["forward"] for r in records]
     rest = [r["step_ms"]["adaptive"] - f for r, f in zip(records, forward)]
-    ax.bar([x - 0.2 for x in xs], thor, 0.4, label="THOR step", color="#DD8452")
-    ax.bar([x + 0.2 for x in xs], rest, 0.4, label="adaptive step without its extra forward", color="#C44E52")
-    ax.bar([x + 0.2 for x in xs], forward, 0.4, bottom=rest, label="its extra forward pass", color="#E8A0A2")
+    ax.bar([x - 0.27 for x in xs], thor, 0.27, label="THOR step", color="#DD8452")
+    ax.bar(list(xs), rest, 0.27, label="adaptive step without its extra forward", color="#C44E52")
+    ax.bar(list(xs), forward, 0.27, bottom=rest, label="its extra forward pass", color="#E8A0A2")
+    damping = [r["step_ms"].get("damping", 0.0) for r in records]
+    ax.bar([x + 0.27 for x in xs], damping, 0.27, label="damping='adaptive' only (forward included)",
+           color="#8172B2")
     for x, r in zip(xs, records):
-        ax.text(x + 0.2, r["step_ms"]["adaptive"], f"{r['adaptive_vs_thor']:.2f}x", ha="center", va="bottom",
-                fontsize=8)
+        ax.text(x, r["step_ms"]["adaptive"], f"{r['adaptive_vs_thor']:.2f}x", ha="center", va="bottom", fontsize=8)
+        if "damping_vs_thor" in r:
+            ax.text(x + 0.27, r["step_ms"]["damping"], f"{r['damping_vs_thor']:.2f}x", ha="center", va="bottom",
+                    fontsize=8)
     ax.set_xticks(list(xs), names)
     ax.set_ylabel("median step (ms)")
     ax.set_title(f"adaptive THOR's step against THOR's (frequency {args.frequency}, {records[0]['steps']} steps)",

@@ -68,6 +68,9 @@ a conv net: a few minutes per run on 2 cores);
         --out benchmarks/results/bench_thor_adaptive_2x2                    # the 2x2 solve (momentum too)
     python benchmarks/bench_thor_adaptive.py --tasks bert --adaptive lr --out benchmarks/results/x
                                                           # adaptive lr, damping constant (--adaptive-damping)
+    nice python benchmarks/bench_thor_adaptive.py --lr-multiples 1,3,10   # damping="adaptive" at 1x, 3x and 10x
+                                                          # the best grid THOR's lr (_adaptive_multiples.py)
+    nice python benchmarks/bench_thor_adaptive.py --cost  # the steps' cost (_adaptive_cost.py)
 """
 from __future__ import annotations
 
@@ -161,6 +164,9 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     add("--cost", action="store_true", help="measure what adaptive THOR's step costs beside THOR's instead "
         "(benchmarks/_adaptive_cost.py: step times, the forward pass's share, kernels per step)")
     add("--cost-steps", type=int, default=40, help="steps timed per cell with --cost (default 40)")
+    add("--lr-multiples", type=float_list, default=None,
+        help="instead: damping='adaptive' at the best grid THOR's lr times each of these, e.g. 1,3,10, beside "
+        "the fixed damping at the same lr (benchmarks/_adaptive_multiples.py)")
     add("--out", default=None, help="output path without extension (default benchmarks/results/"
         "bench_thor_adaptive[_quick])")
     args = parser.parse_args(argv)
@@ -182,9 +188,11 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
         args.resnet_width, args.resnet_images, args.eval_every, args.frequency = 4, 64, 2, 2
     if args.cost:
         args.bert_epochs = min(args.bert_epochs, 10)  # the timed steps cycle through the batches
+    if args.lr_multiples is not None and (args.cost or min(args.lr_multiples) <= 0):
+        parser.error("--lr-multiples needs values > 0 and no --cost")
     if args.out is None:
-        args.out = os.path.join(RESULTS_DIR, "bench_thor_adaptive" + ("_cost" if args.cost else "")
-                                + ("_quick" if args.quick else ""))
+        mode = "_cost" if args.cost else "_lr_multiples" if args.lr_multiples else ""
+        args.out = os.path.join(RESULTS_DIR, "bench_thor_adaptive" + mode + ("_quick" if args.quick else ""))
     return args
 
 
@@ -201,6 +209,9 @@ def _optimizer(kind: str, lr, damping, momentum, task, net_with_loss, args):
         lr_arg = "adaptive" if "lr" in args.adaptive else Tensor(np.float32(lr))
         damping_arg = "adaptive" if "damping" in args.adaptive else Tensor(np.float32(args.adaptive_damping))
         return ms_nn.thor(net_with_loss, lr_arg, damping_arg, momentum, batch_size=task["batch"],
+                          frequency=args.frequency), 1.0
+    if kind == "damping":  # the user's learning rate, the damping adaptive
+        return ms_nn.thor(net_with_loss, Tensor(np.float32(lr)), "adaptive", momentum, batch_size=task["batch"],
                           frequency=args.frequency), 1.0
     if kind == "recipe":
         return recipe_optimizer(task, net_with_loss, args.frequency)
@@ -251,7 +262,10 @@ def train_once(task: Dict, kind: str, lr, damping, momentum, args) -> Dict:
                 reached = seconds
     median = statistics.median(steps[1:]) if len(steps) > 1 else steps[0]
     finite = nan_step is None
-    return {"task": task["name"], "kind": kind, "lr": None if kind in ("adaptive", "recipe") and lr is None
+    rule = getattr(opt, "damping_rule", None)
+    rejected = getattr(rule, "rejected_steps", None)
+    return {"rejected_steps": None if rejected is None else int(rejected.asnumpy()),
+            "task": task["name"], "kind": kind, "lr": None if kind in ("adaptive", "recipe") and lr is None
             else lr, "damping": damping, "momentum": momentum, "nan": not finite, "nan_step": nan_step,
             "final": curve[-1][2] if finite and curve else float("nan"), "final_loss": losses[-1],
             "seconds_to_target": reached, "train_seconds": median + sum(steps[1:]),
@@ -351,6 +365,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         from benchmarks._adaptive_cost import cost_main
 
         return cost_main(args, build_task)
+    if args.lr_multiples:
+        from benchmarks._adaptive_multiples import multiples_main
+
+        return multiples_main(args, build_task, train_once)
     runs: List[Dict] = []
     wall = time.perf_counter()
     for name, seed in [(name, args.seed + i) for name in args.tasks for i in range(args.seeds)]:

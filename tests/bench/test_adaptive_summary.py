@@ -80,3 +80,27 @@ def test_plot_draws_every_momentum_and_names_a_nan_one(monkeypatch, tmp_path):
     assert drawn["labels"] == ["adaptive momentum 0.9: 0.910", "adaptive momentum 0.8: NaN at step 7",
                                "thor lr 0.03 d 0.1: 0.940 (1/2 NaN)", "momentum lr 0.03: 0.810"]
     assert drawn["widths"][0] == 2.2 and drawn["widths"][1:] == [1.2, 1.2]
+
+
+def test_lr_multiples_goals_from_the_best_grid_runs():
+    """``--lr-multiples``: a row per multiple; at 3x within 2 points of the best grid THOR, at 10x above the best
+    grid Momentum, no damping run non-finite; the cost from the 1x run against the best THOR's step."""
+    from benchmarks._adaptive_multiples import summarise_multiples
+
+    def run(kind, final, lr, multiple=None, nan=False, step_ms=10.0):
+        return dict(_run(kind, final, lr=lr, nan=nan, step_ms=step_ms), multiple=multiple, rejected_steps=2,
+                    steps=44)
+
+    runs = [run("thor", 0.93, 0.03), run("thor", 0.0, 0.1, nan=True), run("momentum", 0.70, 0.03),
+            run("damping", 0.94, 0.03, 1, step_ms=16.0), run("damping", 0.915, 0.09, 3),
+            run("thor", 0.0, 0.09, 3, nan=True), run("damping", 0.69, 0.3, 10), run("thor", 0.0, 0.3, 10, nan=True)]
+    summary = summarise_multiples(runs, ["lenet"], [1, 3, 10])
+    assert [(row["multiple"], row["final"], row["fixed_damping_nan"]) for row in summary["table"]] == [
+        (1, 0.94, None), (3, 0.915, True), (10, 0.69, True)]
+    assert summary["table"][0]["best_thor"] == 0.93 and summary["table"][0]["best_momentum"] == 0.70
+    goals = summary["goals"]
+    assert goals["within_2_points_at_3x"] == {"lenet": True} and goals["above_momentum_at_10x"] == {"lenet": False}
+    assert goals["step_cost_vs_thor"] == {"lenet": pytest.approx(1.6)} and goals["never_nan"]
+    assert goals["met"] == {"never_nan": True, "within_2_points_at_3x": True, "above_momentum_at_10x": False}
+    runs[4] = run("damping", 0.0, 0.09, 3, nan=True)
+    assert summarise_multiples(runs, ["lenet"], [1, 3, 10])["goals"]["met"]["never_nan"] is False

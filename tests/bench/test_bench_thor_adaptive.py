@@ -71,17 +71,39 @@ def test_bench_thor_adaptive_several_momenta(tmp_path):
     assert result["settings"]["adaptive_momentum"] == [0.9, 0.5]
 
 
+def test_bench_thor_adaptive_lr_multiples(tmp_path):
+    """``--lr-multiples 1,3``: the grids, then damping='adaptive' at the best grid THOR's lr times 1 and 3 and the
+    fixed damping at 3x; the table has a row per multiple, the goals are judged."""
+    out = tmp_path / "multiples"
+    run = subprocess.run([sys.executable, SCRIPT, "--quick", "--tasks", "lenet", "--lr-multiples", "1,3",
+                          "--out", str(out)], capture_output=True, text=True, timeout=900)
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    result = json.loads((tmp_path / "multiples.json").read_text())
+    best = result["runs"][0]  # --quick: one grid point
+    assert [(r["kind"], r["multiple"]) for r in result["runs"]] == [
+        ("thor", None), ("momentum", None), ("damping", 1), ("damping", 3), ("thor", 3)]
+    assert [r["lr"] for r in result["runs"][2:]] == pytest.approx([best["lr"], 3 * best["lr"], 3 * best["lr"]])
+    assert all(isinstance(r["rejected_steps"], int) for r in result["runs"] if r["kind"] == "damping")
+    assert [row["multiple"] for row in result["table"]] == [1, 3]
+    assert set(result["goals"]["met"]) == {"never_nan", "within_2_points_at_3x", "above_momentum_at_10x"}
+    assert result["goals"]["step_cost_vs_thor"]["lenet"] == pytest.approx(
+        result["runs"][2]["median_step_ms"] / best["median_step_ms"])
+    assert (tmp_path / "multiples.png").stat().st_size > 0
+
+
 def test_bench_thor_adaptive_help_and_bad_options():
     run = subprocess.run([sys.executable, SCRIPT, "--help"], capture_output=True, text=True, timeout=120)
     assert run.returncode == 0
     for text in ("--adaptive", "--lrs", "--dampings", "--quick", "--tasks", "time to target",
-                 "--resnet-width", "target 0.90", "--adaptive-momentum", "--seeds"):
+                 "--resnet-width", "target 0.90", "--adaptive-momentum", "--seeds", "--lr-multiples"):
         assert text in run.stdout
     for bad, option in ((["--adaptive", "lr,lr"], "--adaptive"), (["--tasks", "vgg"], "--tasks"),
                         (["--adaptive-momentum", "1.0"], "--adaptive-momentum"), (["--seeds", "0"], "--seeds"),
                         (["--adaptive-momentum", "0.9,0.9"], "--adaptive-momentum"),
                         (["--adaptive-momentum", "0.9,1.5"], "--adaptive-momentum"),
-                        (["--adaptive", "damping", "--adaptive-momentum", "adaptive"], "--adaptive-momentum")):
+                        (["--adaptive", "damping", "--adaptive-momentum", "adaptive"], "--adaptive-momentum"),
+                        (["--lr-multiples", "1,0"], "--lr-multiples"), (["--lr-multiples", "1", "--cost"],
+                                                                           "--lr-multiples")):
         refused = subprocess.run([sys.executable, SCRIPT, *bad], capture_output=True, text=True, timeout=120)
         assert refused.returncode == 2 and option in refused.stderr
 
