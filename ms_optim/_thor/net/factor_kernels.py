@@ -3,9 +3,8 @@
 Written with ``mindspore.ops``, a layer's factor is a dozen graph nodes (im2col, padding, reshapes, a
 batched product, a sum, a scale, the store-if-finite check, the store), and every THOR layer's tap holds
 two of them inside an ``if thor_flag`` branch. Compile time and the compiled graph's memory follow the
-node count: for ResNet-50 the taps were more than half of THOR's compile (45 s against 22 s without
-them, Momentum 8 s) and 0.3 GiB of its resident set. Here each factor is one ``ops.Custom`` node of type
-``"aot"`` that does all of it in place:
+node count, and on a deep conv net such taps are the larger part of THOR's compile. Here each factor is
+one ``ops.Custom`` node of type ``"aot"`` that does all of it in place:
 
 * ``MsOptimPatchGram(factor, x, flag, plan)``: the diagonal blocks of ``scale * sum p p^T`` over the
   im2col patches ``p`` of an NCHW input (a conv's A), or over the positions of ``dL/ds`` (a conv's G,

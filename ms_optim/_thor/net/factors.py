@@ -68,9 +68,9 @@ The backward-pass tap that has these functions called is ``taps.FactorTap``.
 Shape planning. The helpers that only compute numbers from static shapes
 (:func:`conv_output_geometry`, :func:`factor_blocks`, :func:`gram_plan`, :func:`patch_plan`,
 :func:`conv_a_plan`) are ``constexpr``: GRAPH_MODE runs them in Python and puts their result in the
-graph as one constant. Parsed into the graph, their arithmetic and branches became graph nodes at
-every call site of every layer, which kept ResNet-50's compiled THOR step about 0.25 GiB larger;
-called from Python they are plain functions.
+graph as one constant. Parsed into the graph, their arithmetic and branches would become graph nodes at
+every call site of every layer, and the compiled THOR step larger; called from Python they are plain
+functions.
 """
 from __future__ import annotations
 
@@ -240,8 +240,7 @@ def zero_pad(x, pads: Tuple[int, ...]):
     """``ops.pad(x, pads)`` with zeros, as one ``Pad`` primitive with constant paddings.
 
     Not the functional ``ops.pad`` (``PadV3``, whose argument checks are parsed into the graph at every
-    call site): with it ResNet-50's compiled THOR step stayed about 0.1 GiB larger (resident after
-    compile, 32x32 batch 2: 1.50 against 1.39 GiB), for the same values.
+    call site, which makes the compiled THOR step larger for the same values).
     """
     return ops.Pad(_pad_pairs(x.ndim, pads))(x)
 
@@ -283,7 +282,7 @@ def conv_patches(x, kernel_size: Pair, stride: Pair, dilation: Pair, pad_mode: s
     (a 1x1 kernel with stride 1 and no padding is the input itself, reshaped).
 
     One ``Im2Col`` op (CPU, GPU and Ascend kernels; it pads symmetrically, so an asymmetric "same"
-    padding is applied by ``Pad`` first). On CPU it is 7x faster than ``kh*kw`` strided slices and a
+    padding is applied by ``Pad`` first). On CPU it is much faster than ``kh*kw`` strided slices and a
     stack, and one op instead of ``kh*kw + 2`` keeps the compiled graph smaller.
     """
     x = ops.cast(x, _F32)

@@ -15,15 +15,15 @@ one fused op (``factor_kernels.py``) that reads the flag itself (it does nothing
 False) and stores the factor only if it is finite; elsewhere an ``if flag`` branch runs the composite
 ops of ``factors.py`` and stores with ``keep_if``/``assign``. The fused ops run without a branch when the
 tap's gradient is float32 (and its input float32 or integer ids): each branch is a runtime ``Switch``
-that cuts the backward pass into kernel graphs, and without them ResNet-50's step compiles about 0.9 s
-faster (of 7) with the same numbers and memory. Under float16 (amp on CPU) the branch stays: the
-backend then casts each saved float16 activation to float32 for its conv's gradient, and in one
-backward kernel graph those casts, which read nothing but graph inputs, can all run at its start (the
-ResNet trainer's batch-8 peak went from 3.18 to 3.58 GiB, and the rounding of ``dL/ds`` to float16
-was folded away); the branches' kernel graphs keep each cast next to its conv. The composite taps made
-THOR's compile time and compiled memory grow by a dozen nodes per factor (``factor_kernels`` gives the
-figures). Which way a tap's bprop holds is chosen when the graph is parsed (``FactorTap.factor_pass``), not
-by an ``if`` in it: MindSpore expands every branch of a custom bprop at each call site, constant or not.
+that cuts the backward pass into kernel graphs, so without them the step compiles faster with the same
+numbers and memory. Under float16 (amp on CPU) the branch stays: the backend then casts each saved
+float16 activation to float32 for its conv's gradient, and in one backward kernel graph those casts,
+which read nothing but graph inputs, can all run at its start (raising the peak, and folding away the
+rounding of ``dL/ds`` to float16); the branches' kernel graphs keep each cast next to its conv. The
+composite taps make THOR's compile time and compiled memory grow by a dozen nodes per factor
+(``factor_kernels``). Which way a tap's bprop holds is chosen when the graph is parsed
+(``FactorTap.factor_pass``), not by an ``if`` in it: MindSpore expands every branch of a custom bprop at
+each call site, constant or not.
 
 One tap class for every kind. A :class:`FactorTap` is built over a layer kind's spec (``kinds.py``), the
 static geometry of its layer and the :class:`TapSettings` of the conversion (factor convention,
@@ -33,8 +33,8 @@ factors, the tap only decides how (fused or composite, with or without a branch)
 One tap for many layers. A tap keeps no state of its layer (the layer passes its flag and factors in),
 so the layers of one conversion whose taps compute alike get one tap Cell (:class:`TapPool`, used by
 ``convert.convert_net``): compiling expands each Cell's custom ``bprop`` in a pass of its own over the
-whole graph, which made one tap per layer cost layers times graph size (ResNet-50: 54 taps, 5.2 s of a
-32 s compile; shared, 6 taps).
+whole graph, so one tap per layer would cost layers times graph size (a ResNet-50 needs 6 shared taps
+for its 54 layers).
 
 The factor formulas (and their normalisation) are in ``factors.py`` and ``kinds.py``; the layers
 (``layers.py``) own the factor Parameters and the flag and route their pre-activation through a tap in
@@ -215,8 +215,8 @@ class _ParsedChoices(nn.Cell):
         """The bprop's factor work, chosen when the graph is parsed (like ``kernels``): :meth:`_fused_pass`
         with the fused ops and no guard (GRAPH mode on CPU), else :meth:`_flagged_pass`. Chosen here rather
         than by an ``if`` in the bprop: MindSpore parses and expands every branch of a bprop at each of its
-        call sites, even one whose condition is a constant, and the composite branch made ResNet-50's compile
-        0.3 s (of 6.5) slower and its compiled step 42 MiB larger."""
+        call sites, even one whose condition is a constant, and the composite branch would make the compile
+        slower and the compiled step larger."""
         return self.__dict__["_passes"][0 if self.kernels is not None and self.schedule_guard is None else 1]
 
 
@@ -272,8 +272,8 @@ class FactorTap(_ParsedChoices):
         """The fused ops' stores of both factors; returns ``dout`` ordered after them.
 
         A waits for dout, so a layer called twice keeps its first call's A (its backward runs last), as it
-        keeps its G. (Ordering A after G through the flag instead, ops.depend(flag, written_g), compiled
-        ResNet-50 slower and 0.11 GiB larger: a depend on a Parameter.)"""
+        keeps its G. (Not ordered through the flag, ops.depend(flag, written_g): a depend on a Parameter
+        compiles slower and larger.)"""
         spec = self.spec
         written_a = spec.a_fused(kernels[0], a_cov, _kernel_input(ops.depend(x, dout)), flag, self.geometry,
                                  self.convention, self.batch_size, self.block_size)
