@@ -18,8 +18,9 @@ Written from the formulas in the module docstrings of ``ms_optim/_thor/step/damp
             c = <g^2 / B, delta^2> for LayerNorm gamma/beta, 0 otherwise
         L1 = loss on the same batch after the update;  rho = (L1 - L0) / q  (-100 if not finite)
         a learning-rate schedule's step is taken back (parameters as before it, accum = 0, the damping below
-            multiplied by at least 10) when L1 is not finite, L1 - L0 > 2**-16 max(|L0|, |L1|), or q >= 0
-            outside rounding noise (the model says the step overshoots)
+            multiplied by at least r) when L1 is not finite, L1 - L0 > 2**-16 max(|L0|, |L1|), or q >= 0
+            outside rounding noise (the model says the step overshoots); r = 2 after a kept step, doubled
+            after each step taken back
     if (t + 1) % T == 0:
             (with learning_rate="adaptive": the trial's ratio against its calibrated model, AdaptiveLrMixin)
         d = d if L0, L1, q finite and |L1 - L0|, |q| <= 2**-16 max(|L0|, |L1|) (rounding noise);
@@ -36,7 +37,7 @@ import numpy as np
 from reference.thor_ref import Array, ThorReference
 
 FAILED_RATIO = -100.0  # the reduction ratio recorded when it is not a finite number
-REJECTED_GROWTH = 10.0  # a step taken back multiplies the damping by at least this
+REJECTED_GROWTH = 2.0  # a step taken back after a kept one multiplies the damping by at least this
 RESOLUTION = 2.0 ** -16  # changes at most this times the loss are rounding noise of a float32 loss
 
 
@@ -96,6 +97,7 @@ class AdaptiveThorReference(ThorReference):
         self.stored: Dict[str, Tuple[Array, Array]] = {}
         self.dampings, self.ratios, self.changes, self.predicted = [], [], [], []
         self.rejections = []  # the steps taken back
+        self.growth = REJECTED_GROWTH  # r: doubled by each step taken back, reset by a kept one
         self.inversion_steps = []
 
     def damping_now(self, factors):
@@ -163,7 +165,10 @@ class AdaptiveThorReference(ThorReference):
                 self.params = before
                 self.moments = {name: np.zeros_like(m) for name, m in self.moments.items()}
                 self.rejections.append(t)
-                factor = max(factor, REJECTED_GROWTH)
+                factor = max(factor, self.growth)
+                self.growth *= 2.0
+            else:
+                self.growth = REJECTED_GROWTH
         low = max(self.start, self.bounds[0]) if self.floor_at_start else self.bounds[0]
         self.d = min(max(self.d * factor, low), self.bounds[1])
         self.dampings.append(self.d)

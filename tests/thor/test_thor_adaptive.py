@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 from mindspore import Tensor, nn, ops
 from mindspore.amp import DynamicLossScaleManager
-from reference.thor_adaptive_ref import AdaptiveThorReference
+from reference.thor_adaptive_ref import REJECTED_GROWTH, AdaptiveThorReference
 from reference.thor_adaptive_ref import unresolved as reference_unresolved
 from reference.thor_ref import MLPRef
 from support.nets import MLP, labelled_batches
@@ -105,27 +105,46 @@ def test_adaptive_damping_under_dynamic_loss_scale(mode, rng):
 
 def test_a_step_that_raised_the_loss_is_taken_back(mode, rng):
     """A step that made the loss on its batch worse is not kept: the parameters are as before it, the momentum
-    accumulation is 0, the damping is at least 10 times the one the step was taken with; here as in the
-    oracle, on a step that adapts (``adapt_every=1``: the ratio is recorded too) and on one that does not."""
+    accumulation is 0, the damping is at least ``REJECTED_GROWTH`` (2) times the one the step was taken with,
+    and a second step taken back in a row doubles that growth (4); here as in the oracle, on steps that adapt
+    (``adapt_every=1``: the first step's ratio is recorded too; the second's loss after it overflows float32,
+    recorded as 0) and on ones that do not."""
     for adapt_every in (1, 2):
         net, opt, ref = _setup(rng, lr=30.0, adapt_every=adapt_every)
         before = param_values(net)
         cell = ms_nn.TrainOneStepCell(_loss_net(net), opt).set_train()
-        (x, y), = mlp_batches(rng, 1)
-        loss = cell(Tensor(x), Tensor(y))
-        ref.step(x, y)
         rule = opt.damping_rule
-        assert ref.rejections == [0] and int(rule.rejected_steps.asnumpy()) == 1
-        for name, value in param_values(net).items():
-            np.testing.assert_allclose(value, before[name], rtol=1e-6, atol=1e-6, err_msg=name)
-        for moment in opt.moments:
-            assert not np.any(moment.asnumpy()), moment.name
-        _check_step(net, opt, ref, 0, loss)
-        initial = float(rule.inverted.asnumpy())  # the damping the step was taken with
-        assert float(rule.value.asnumpy()) >= 10 * initial * (1 - 1e-6), (rule.value, initial)
-        recorded = float(rule.loss_change.asnumpy())
-        assert (recorded > 0) if adapt_every == 1 else recorded == 0.0  # recorded on adaptation steps only
+        growth = REJECTED_GROWTH
+        for step, (x, y) in enumerate(mlp_batches(rng, 2)):
+            taken_with = float(rule.value.asnumpy()) if step else None
+            loss = cell(Tensor(x), Tensor(y))
+            ref.step(x, y)
+            assert ref.rejections == list(range(step + 1)) and int(rule.rejected_steps.asnumpy()) == step + 1
+            for name, value in param_values(net).items():
+                np.testing.assert_allclose(value, before[name], rtol=1e-6, atol=1e-6, err_msg=name)
+            for moment in opt.moments:
+                assert not np.any(moment.asnumpy()), moment.name
+            _check_step(net, opt, ref, step, loss, records=step == 0)
+            taken_with = taken_with or float(rule.inverted.asnumpy())  # the first step's initial damping
+            assert float(rule.value.asnumpy()) >= growth * taken_with * (1 - 1e-6), (step, rule.value, taken_with)
+            growth *= 2.0
+            assert float(rule.growth.asnumpy()) == growth
+            recorded = float(rule.loss_change.asnumpy())
+            if step == 0:
+                assert (recorded > 0) if adapt_every == 1 else recorded == 0.0  # recorded on adaptation steps
 
+
+def test_a_kept_step_resets_the_damping_growth(mode, rng):
+    """After steps taken back, the first step kept brings the growth back to ``REJECTED_GROWTH``: one failure
+    after a run of good steps raises the damping twofold, not by what an earlier run of failures reached."""
+    net, opt, ref = _setup(rng, lr=0.05, adapt_every=2)
+    rule = opt.damping_rule
+    rule.growth.set_data(Tensor(np.float32(16.0)))
+    cell = ms_nn.TrainOneStepCell(_loss_net(net), opt).set_train()
+    (x, y), = mlp_batches(rng, 1)
+    cell(Tensor(x), Tensor(y))
+    assert int(rule.rejected_steps.asnumpy()) == 0
+    assert float(rule.growth.asnumpy()) == REJECTED_GROWTH
 
 def _teacher_data(rng, batches: int = 4, batch: int = 16):
     """A task an MLP can learn (labels from a fixed linear teacher): all its samples, and its batches."""
@@ -206,7 +225,7 @@ def test_a_non_finite_loss_after_a_step_leaves_every_state_finite(mode, rng, lea
     if learning_rate == "adaptive":  # the trial's failure: its ratio raises the damping, kappa grows tenfold
         assert float(rule.value.asnumpy()) > inverted and float(opt.step_rule.calibration.asnumpy()) >= 10.0
     else:
-        assert float(rule.value.asnumpy()) >= 10 * inverted * (1 - 1e-6)
+        assert float(rule.value.asnumpy()) >= REJECTED_GROWTH * inverted * (1 - 1e-6)
     assert float(rule.ratio.asnumpy()) == FAILED_RATIO and float(rule.loss_change.asnumpy()) == 0.0
     for name, value in param_values(net).items():  # taken back
         np.testing.assert_allclose(value, before[name], rtol=1e-6, atol=1e-6, err_msg=name)
@@ -225,8 +244,11 @@ def test_adapt_records_only_finite_numbers(mode):
     rule.adapt(nan, inf, nan, Tensor(False), Tensor(True), Tensor(True))
     recorded = [float(p.asnumpy()) for p in (rule.ratio, rule.loss_change, rule.predicted)]
     assert recorded == [FAILED_RATIO, 0.0, 0.0], recorded
-    assert float(rule.value.asnumpy()) >= 10 * before * (1 - 1e-6)
+    assert float(rule.value.asnumpy()) >= REJECTED_GROWTH * before * (1 - 1e-6)
     assert int(rule.rejected_steps.asnumpy()) == 1
+    raised = float(rule.value.asnumpy())  # a second failure in a row: the growth has doubled
+    rule.adapt(nan, inf, nan, Tensor(False), Tensor(True), Tensor(True))
+    assert float(rule.value.asnumpy()) >= 2 * REJECTED_GROWTH * raised * (1 - 1e-6)
 
 
 def test_damping_stays_after_a_step_below_the_loss_resolution(mode, rng):

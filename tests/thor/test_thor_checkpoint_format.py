@@ -17,8 +17,8 @@ import make_thor_checkpoints as made  # noqa: E402
 
 #: Parameters today's optimizers hold that such a checkpoint may lack (each starts from its initial value):
 #: the count of steps taken back and, with damping="adaptive" and a learning rate, the copy a failed step is
-#: taken back from
-NEW_STATE = ("thor_rejected_steps", "thor_before.")
+#: taken back from, and the growth of the damping after steps taken back in a row
+NEW_STATE = ("thor_rejected_steps", "thor_rejection_growth", "thor_before.")
 #: entries of such a checkpoint that today's optimizers hold under another name: the loss scale of the stored G
 #: that the adaptive step read, now the one ``thor_curvature_loss_scale`` the damping rule reads too
 MERGED = {"thor_step_curvature_loss_scale": "thor_curvature_loss_scale"}

@@ -24,7 +24,8 @@ carries.
                                 d = clip(d / omega, floor, d_max)       if rho < 1/4
                                 d = clip(d * omega, floor, d_max)       if rho > 3/4
     after a step taken back (``momentum_rule.py``: it raised the loss on its batch, or overshot):
-                                d = clip(d * max(10, the factor above), floor, d_max)
+                                d = clip(d * max(r, the factor above), floor, d_max)
+                                r = 2 after a kept step, doubled by each step taken back in a row
 
   ``floor`` is ``d_min`` with a learning-rate schedule; with ``learning_rate="adaptive"`` it is the first
   step's damping (``start``: the ratio of a step calibrated on its batch cannot tell that the damping is too
@@ -38,7 +39,14 @@ adaptation that changes ``d`` costs one inversion. State (float32 Parameters of 
 ``inverted`` (``thor_inverted_damping``: the damping of the stored inverses), ``predicted``
 (``thor_predicted_change``: q of the last measured step), ``ratio`` (``thor_reduction_ratio``) and
 ``loss_change`` (``thor_loss_change``), each recorded finite (``FAILED_RATIO`` or 0 for a number that is
-not), and ``rejected_steps`` (``thor_rejected_steps``, int32: the steps taken back).
+not), ``growth`` (``thor_rejection_growth``: ``r``) and ``rejected_steps`` (``thor_rejected_steps``, int32:
+the steps taken back).
+
+Why ``r`` escalates rather than being large from the start: one step that raised its batch's loss is often
+a noisy batch meeting a refreshed inverse, and a damping raised tenfold by it stays too high for hundreds of
+steps (the Levenberg-Marquardt factor brings it back by ``omega`` per adaptation); a learning rate that is
+really too large is rejected again and again, and the doubling ``r`` then outgrows it within a few steps
+(Nielsen's rule for Levenberg-Marquardt steps).
 """
 from __future__ import annotations
 
@@ -71,9 +79,9 @@ INITIAL_SCALE = 10.0
 FALLBACK_DAMPING = 0.03
 #: the ratio recorded when it is not a finite number
 FAILED_RATIO = -100.0
-#: a step that was not kept (it raised the loss on its own batch, or gave none) multiplies the damping by at
-#: least this
-REJECTED_GROWTH = 10.0
+#: a step that was not kept (it raised the loss on its own batch, or gave none) after a kept step multiplies
+#: the damping by at least this; each further step not kept in a row doubles the factor
+REJECTED_GROWTH = 2.0
 #: a loss change at most this times the loss is rounding noise of a float32 loss (about 128 units in the last
 #: place): a step whose predicted and measured changes are both that small measures nothing
 RESOLUTION = 2.0 ** -16
@@ -175,6 +183,7 @@ class LevenbergMarquardt(nn.Cell):
         self.loss_change = scalar_parameter(0.0, "thor_loss_change")
         self.rejected_steps = Parameter(Tensor(0, mstype.int32), name="thor_rejected_steps",
                                         requires_grad=False)
+        self.growth = scalar_parameter(REJECTED_GROWTH, "thor_rejection_growth")
         self.failed = Tensor(FAILED_RATIO, mstype.float32)
         self.num_layers = len(layers)
         self.layer_a = tuple(layer.matrix_a_cov for layer in layers)
@@ -242,13 +251,17 @@ class LevenbergMarquardt(nn.Cell):
         """The damping's update after a measured step: on an adaptation step (``adaptation``) the
         Levenberg-Marquardt factor of its reduction ratio ``ratio`` (its loss change ``change`` over the
         change ``predicted``; 1 where ``noise``): ``1/omega`` below 1/4, ``omega`` above 3/4, else 1; after a
-        step that was not kept (``rejected``) at least ``REJECTED_GROWTH``; clipped to ``[floor, d_max]``.
+        step that was not kept (``rejected``) at least the growth ``r`` (``REJECTED_GROWTH`` after a kept
+        step, doubled by each rejected step in a row); clipped to ``[floor, d_max]``.
         Records ``predicted`` and, on an adaptation step, ``ratio`` and ``change`` (each finite: one that is
         not as 0 or ``FAILED_RATIO``) and counts the rejected steps; returns the new damping."""
         factor = ops.select(ratio < LOWER_RATIO, self.inverse_omega,
                             ops.select(ratio > UPPER_RATIO, self.omega, self.one))
         factor = ops.select(ops.logical_or(noise, ops.logical_not(adaptation)), self.one, factor)
-        factor = ops.select(rejected, ops.maximum(factor, REJECTED_GROWTH * self.one), factor)
+        growth = self.growth * 1.0
+        factor = ops.select(rejected, ops.maximum(factor, growth), factor)
+        factor = F.depend(factor, ops.assign(self.growth, ops.select(rejected, 2.0 * growth,
+                                                                     REJECTED_GROWTH * self.one)))
         damping = ops.minimum(ops.maximum(self.value * factor, self._floor()), self.high)
         zero = 0.0 * self.one
         done = ops.assign(self.ratio, ops.select(adaptation, _finite(ratio, self.failed), self.ratio * 1.0))

@@ -23,7 +23,8 @@ step's loss ``L0`` (``L0``, ``L1`` and ``q`` averaged over the data-parallel ran
              or q >= 0 outside rounding noise (the model itself says the step overshot its minimum)
     then    w <- w before the step (a copy: adding back a long update would round a small weight away),
             accum <- 0 (the momentum that made the step goes with it),
-            d <- d * max(10, the Levenberg-Marquardt factor)  (``REJECTED_GROWTH``)
+            d <- d * max(r, the Levenberg-Marquardt factor)  (r = 2 after a kept step, doubled by each
+                                                               step taken back in a row: ``damping.py``)
 
 so the next step is shorter and turns towards the gradient. On the adaptation steps the damping rule also
 takes ``rho = (L1 - L0) / q`` (``FAILED_RATIO`` when not finite) for its Levenberg-Marquardt factor. A
