@@ -122,9 +122,15 @@ def plot_multiples(path: str, record: Dict) -> None:
         ax.set_xlabel("learning rate (multiple of the best grid THOR's)")
         ax.set_ylabel(f"final held-out {TASKS[name]}")
         ax.set_title(name, fontsize=9)
-        ax.legend(fontsize=7, loc="lower left")
-    fig.suptitle('damping="adaptive" at the best grid THOR learning rate and above', fontsize=9)
-    save_figure(fig, path)
+    legend = {}  # one legend above the panels, where it hides no point
+    for ax in axes[0]:
+        for handle, label in zip(*ax.get_legend_handles_labels()):
+            legend.setdefault(label, handle)
+    fig.tight_layout()
+    fig.legend(list(legend.values()), list(legend), loc="lower center", bbox_to_anchor=(0.5, 1.0),
+               ncol=len(legend), fontsize=8, frameon=False)
+    fig.suptitle('damping="adaptive" at the best grid THOR learning rate and above', fontsize=9, y=1.12)
+    save_figure(fig, path, tight=False)
 
 
 def multiples_main(args: argparse.Namespace, build_task: Callable, train_once: Callable) -> int:

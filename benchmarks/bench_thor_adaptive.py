@@ -353,7 +353,16 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if args.replot:
         saved = read_json(args.out + ".json")
         with plotted_from(saved):
-            plot_record(saved, args.out + ".json")
+            if saved.get("settings", {}).get("cost"):
+                from benchmarks._adaptive_cost import plot_cost
+
+                plot_cost(args.out + ".png", saved["tasks"], argparse.Namespace(**saved["settings"]))
+            elif saved.get("settings", {}).get("lr_multiples"):
+                from benchmarks._adaptive_multiples import plot_multiples
+
+                plot_multiples(args.out + ".png", saved)
+            else:
+                plot_record(saved, args.out + ".json")
         return 0
     import mindspore as ms
 

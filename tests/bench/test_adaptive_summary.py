@@ -104,3 +104,19 @@ def test_lr_multiples_goals_from_the_best_grid_runs():
     assert goals["met"] == {"never_nan": True, "within_2_points_at_3x": True, "above_momentum_at_10x": False}
     runs[4] = run("damping", 0.0, 0.09, 3, nan=True)
     assert summarise_multiples(runs, ["lenet"], [1, 3, 10])["goals"]["met"]["never_nan"] is False
+
+
+@pytest.mark.parametrize("stem", ["bench_thor_adaptive_lr_multiples", "bench_thor_adaptive_cost"])
+def test_replot_redraws_the_lr_multiples_and_cost_figures(tmp_path, stem):
+    """``--replot`` with ``--out`` at a saved ``--lr-multiples`` or ``--cost`` record redraws that record's own
+    figure (not the main benchmark's) from its JSON alone: nothing is trained."""
+    import os
+    import shutil
+
+    from benchmarks.bench_thor_adaptive import main
+
+    results = os.path.join(os.path.dirname(__file__), "..", "..", "benchmarks", "results")
+    shutil.copy(os.path.join(results, stem + ".json"), tmp_path / (stem + ".json"))
+    assert main(["--replot", "--out", str(tmp_path / stem)]) == 0
+    png = tmp_path / (stem + ".png")
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 10_000
