@@ -80,7 +80,7 @@ class MomentumRule(nn.Cell):
                  damping_rule: nn.Cell, fused: bool = False):
         super().__init__(auto_prefix=False)
         self.weights = weights
-        self.applies, self.slots, self.decay_flags = table.applies, table.slots, table.decay_flags
+        self.forms, self.slots, self.decay_flags = table.forms, table.slots, table.decay_flags
         self.curved = table.curved
         self.moments = moments
         self.momentum = momentum
@@ -115,7 +115,7 @@ class MomentumRule(nn.Cell):
         """Precondition every gradient, then the rules that read all of them (KL clip, unit-norm clip), decay
         and the momentum (or Nesterov) steps."""
         raw_gradients = gradients
-        gradients = self.hyper_map(F.partial(precondition, context), self.applies, self.slots, gradients)
+        gradients = self.hyper_map(F.partial(precondition, context), self.forms, self.slots, gradients)
         if self.kl_clip is not None:
             gradients = apply_kl_clip(gradients, raw_gradients, lr, self.kl_clip)
         if self.apply_weight_decay:
@@ -134,7 +134,7 @@ class MomentumRule(nn.Cell):
             gradients = F.depend(gradients, self.hyper_map(ops.assign, self.before, params))
         if self.sequential:
             update = (self.opt, self.momentum, lr, self.weight_decay if self.apply_weight_decay else None)
-            success = self.hyper_map(F.partial(sequential_step, update, context), self.applies, self.slots,
+            success = self.hyper_map(F.partial(sequential_step, update, context), self.forms, self.slots,
                                      self.decay_flags, gradients, params, self.moments)
         else:
             success = self._staged(params, gradients, lr, context)
@@ -147,7 +147,7 @@ class MomentumRule(nn.Cell):
         moments = F.depend(self.moments, success)
         lr32 = -ops.reshape(ops.cast(lr, mstype.float32), ())
         deltas = self.hyper_map(F.partial(scale, lr32), moments)
-        products = self.hyper_map(F.partial(curvature_product, context), self.curved, self.applies,
+        products = self.hyper_map(F.partial(curvature_product, context), self.curved, self.forms,
                                   self.slots, gradients, deltas)
         if self.fused:
             model = qm.build_fused(self.quad_products, self.plan, (deltas,), gradients, params, (products,),

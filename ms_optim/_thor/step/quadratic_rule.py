@@ -90,7 +90,7 @@ class QuadraticRule(nn.Cell):
     def __init__(self, config: ThorConfig, table: ParameterTable, weights, previous, damping_rule: nn.Cell,
                  fused: bool = False):
         super().__init__(auto_prefix=False)
-        self.applies, self.slots, self.decay_flags = table.applies, table.slots, table.decay_flags
+        self.forms, self.slots, self.decay_flags = table.forms, table.slots, table.decay_flags
         self.curved = table.curved
         self.chunks = qm.chunk_plan(table.sizes, table.decay_flags, table.curved)
         # one fused CPU op per phase over every parameter, where all of them are float32
@@ -136,7 +136,7 @@ class QuadraticRule(nn.Cell):
         """The model over ``(x, y)``, from the preconditioned ``directions`` ``u = -x`` (built over ``(u, y)``
         and turned by the signs of ``x``), averaged over the ranks."""
         vectors = (directions, self.previous)
-        products = tuple(self.hyper_map(F.partial(curvature_product, context), self.curved, self.applies,
+        products = tuple(self.hyper_map(F.partial(curvature_product, context), self.curved, self.forms,
                                         self.slots, gradients, v) for v in vectors)
         if self.fused:
             a, d, r, b, e = qm.build_fused(self.quad_products, self.plan, vectors, gradients, weights,
@@ -151,7 +151,7 @@ class QuadraticRule(nn.Cell):
 
     def construct(self, weights, gradients, damping, context, step):
         """The trial: directions, model, ``(a0, b0)`` with the last calibration, ``w += a0 x + b0 y``."""
-        directions = self.hyper_map(F.partial(precondition, context), self.applies, self.slots, gradients)
+        directions = self.hyper_map(F.partial(precondition, context), self.forms, self.slots, gradients)
         if self.apply_weight_decay:
             directions = self.hyper_map(F.partial(apply_decay, self.weight_decay), self.decay_flags, weights,
                                         directions)

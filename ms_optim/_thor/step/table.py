@@ -9,14 +9,16 @@ from typing import NamedTuple, Sequence, Tuple
 
 import numpy as np
 
+from ms_optim._thor.net.curvature import form_index
+
 __all__ = ["ParameterTable", "parameter_table", "weight_positions"]
 
 
 class ParameterTable(NamedTuple):
     """Per trainable parameter, in order:
 
-    * ``specs``: its spec (``net/kinds.py``: its layer's, ``LAYERNORM`` or ``PLAIN``) and ``applies``, the
-      spec's ``apply`` (mapped over the parameters as a constant function per element);
+    * ``specs``: its spec (``net/kinds.py``: its layer's, ``LAYERNORM`` or ``PLAIN``) and ``forms``, the
+      index of the spec's ``apply`` (``net/curvature.py``: ``form_index``, ``apply_form``);
     * ``slots``: what ``apply`` reads of its layer (``LayerSlot.curvature``), ``()`` for no layer;
     * ``owners``: its layer's index (-1 for none); ``grad_index`` per layer: its weight's position;
     * ``decay_flags``: whether ``decay_filter`` keeps it; ``curved``: whether its curvature can be non-zero
@@ -24,7 +26,7 @@ class ParameterTable(NamedTuple):
     """
 
     specs: Tuple
-    applies: Tuple
+    forms: Tuple[int, ...]
     slots: Tuple
     owners: Tuple[int, ...]
     grad_index: Tuple[int, ...]
@@ -49,7 +51,7 @@ def parameter_table(params: Sequence, roles: Sequence, layers: Sequence, slots: 
     specs = tuple(spec for spec, _ in roles)
     return ParameterTable(
         specs=specs,
-        applies=tuple(spec.apply for spec in specs),
+        forms=tuple(form_index(spec.apply) for spec in specs),
         slots=tuple(slots[owner].curvature(layers[owner]) if owner >= 0 else () for _, owner in roles),
         owners=tuple(owner for _, owner in roles),
         grad_index=weight_positions(roles, len(layers)),

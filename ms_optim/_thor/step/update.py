@@ -23,6 +23,8 @@ from mindspore import ops
 from mindspore.ops import composite as C
 from mindspore.ops import functional as F
 
+from ms_optim._thor.net.curvature import apply_form
+
 __all__ = ["precondition", "curvature_product", "apply_decay", "clip_to_unit_norm", "momentum_step",
            "nesterov_step", "sequential_step", "scale", "restore", "take_trial",
            "move", "write_flag"]
@@ -41,19 +43,19 @@ move = C.MultitypeFuncGraph("thor_move")
 write_flag = C.MultitypeFuncGraph("thor_write_flag")
 
 
-@precondition.register("Tuple", "Function", "Tuple", "Tensor")
-def _precondition_tensor(context, apply, slot, gradient):
-    """One parameter's preconditioned gradient: its spec's ``apply(slot, g, -1, context + (g,))``
-    (``net/curvature.py``; ``context = (kernel, lam, g_unscale, batch_size)``)."""
-    return apply(slot, gradient, -1, context + (gradient,))
+@precondition.register("Tuple", "Number", "Tuple", "Tensor")
+def _precondition_tensor(context, form, slot, gradient):
+    """One parameter's preconditioned gradient: its spec's ``apply(slot, g, -1, context + (g,))`` (``form``:
+    the apply's index, ``net/curvature.py``; ``context = (kernel, lam, g_unscale, batch_size)``)."""
+    return apply_form(form, slot, gradient, -1, context + (gradient,))
 
 
-@curvature_product.register("Tuple", "Bool", "Function", "Tuple", "Tensor", "Tensor")
-def _curvature_product_tensor(context, curved, apply, slot, gradient, vector):
+@curvature_product.register("Tuple", "Bool", "Number", "Tuple", "Tensor", "Tensor")
+def _curvature_product_tensor(context, curved, form, slot, gradient, vector):
     """``K v`` of one parameter: its spec's ``apply(slot, v, +1, context + (g,))``; ``v`` itself, unread, for
     a parameter without curvature (``curved`` False: no op is spent on its zero)."""
     if curved:
-        return apply(slot, vector, 1, context + (gradient,))
+        return apply_form(form, slot, vector, 1, context + (gradient,))
     return vector
 
 
@@ -90,18 +92,18 @@ def _nesterov_step_tensor(momentum, learning_rate, gradient, weight, moment):
     return F.depend(True, F.depend(ops.assign_sub(weight, update), done))
 
 
-@sequential_step.register("Tuple", "Tuple", "Function", "Tuple", "Bool", "Tensor", "Tensor", "Tensor")
-def _sequential_step_tensor(update, context, apply, slot, decay, gradient, weight, moment):
+@sequential_step.register("Tuple", "Tuple", "Number", "Tuple", "Bool", "Tensor", "Tensor", "Tensor")
+def _sequential_step_tensor(update, context, form, slot, decay, gradient, weight, moment):
     """One parameter: :data:`precondition`, :data:`apply_decay`, :data:`momentum_step`.
 
-    ``update = (opt, momentum, learning_rate, weight_decay or None)``; ``context``, ``apply`` and ``slot`` as
+    ``update = (opt, momentum, learning_rate, weight_decay or None)``; ``context``, ``form`` and ``slot`` as
     :data:`precondition`'s. The momentum steps are side effects, run in parameter order, and each parameter's
     reads of its inverses (or of its weight, for the decay) are ordered after the previous step, so one
     preconditioned gradient is alive at a time. (A depend of the gradient on the moment Parameter itself
     ordered nothing: a Parameter is no node of the execution order.)
     """
     opt, momentum, learning_rate, weight_decay = update
-    gradient = precondition(context, apply, slot, gradient)
+    gradient = precondition(context, form, slot, gradient)
     if weight_decay is not None:
         gradient = apply_decay(weight_decay, decay, weight, gradient)
     return momentum_step(opt, momentum, learning_rate, gradient, weight, moment)
