@@ -97,14 +97,11 @@ class MomentumRule(nn.Cell):
         self.measures = config.damping_mode == Mode.ADAPTIVE
         self.damping_rule = damping_rule
         if self.measures:
-            # the model of the damping's predicted change: one direction, no weight decay
-            no_decay = (False,) * len(table.sizes)
-            self.chunks = qm.chunk_plan(table.sizes, no_decay, table.curved)
+            # the model of the damping's predicted change: one direction, no weight decay; in one fused CPU op
+            # over every parameter where they are all float32
             quad = quad_kernels(len(table.sizes)) if fused else None
-            self.fused = quad is not None
-            if self.fused:  # the model in one fused CPU op over every parameter
-                self.quad_products = quad.products
-                self.plan = qm.fused_plan(1, no_decay, table.curved)
+            self.model_plan = qm.model_plan(table.sizes, (False,) * len(table.sizes), table.curved, 1,
+                                            None if quad is None else quad.products)
             self.mean_over_ranks = RankMean(config.ranks)
             self.failed = Tensor(FAILED_RATIO, mstype.float32)
             # the parameters before the step: a step that failed is taken back exactly (adding back a long
@@ -149,11 +146,7 @@ class MomentumRule(nn.Cell):
         deltas = self.hyper_map(F.partial(scale, lr32), moments)
         products = self.hyper_map(F.partial(curvature_product, context), self.curved, self.forms,
                                   self.slots, gradients, deltas)
-        if self.fused:
-            model = qm.build_fused(self.quad_products, self.plan, (deltas,), gradients, params, (products,),
-                                   self.weight_decay, (False,) * len(self.decay_flags))
-        else:
-            model = qm.build((deltas,), gradients, params, (products,), self.chunks, self.weight_decay)
+        model = qm.build_model(self.model_plan, (deltas,), gradients, params, (products,), self.weight_decay)
         return ops.assign(self.damping_rule.predicted, qm.change(model))
 
     def probe_due(self, global_step):

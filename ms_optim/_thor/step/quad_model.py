@@ -45,8 +45,8 @@ import numpy as np
 from mindspore import Tensor, ops
 
 __all__ = ["QuadModel", "CHUNK_FLOATS", "DEGENERATE", "chunk_plan", "build", "matrix", "quadratic", "change",
-           "solve", "coefficients", "trust_region", "mean_over", "fused_plan", "build_fused", "pack",
-           "unpack", "SYSTEM_SIZE", "Chunk"]
+           "solve", "coefficients", "trust_region", "mean_over", "fused_plan", "build_fused", "ModelPlan",
+           "model_plan", "build_model", "pack", "unpack", "SYSTEM_SIZE", "Chunk"]
 
 #: the 2x2 system counts as singular when det <= DEGENERATE * M00 * M11 (the directions nearly parallel)
 DEGENERATE = 1e-5
@@ -161,6 +161,32 @@ def build_fused(op, plan, directions, gradients, weights, products, weight_decay
         return out[2], out[0], out[1], rows[0] + weight_decay * rows[1], rows[0]
     e = rows[0][:1]
     return out[2][:1, :1], out[0][:1, :1], out[1][:1, :1], e + weight_decay * rows[1][:1], e
+
+
+class ModelPlan(NamedTuple):
+    """How :func:`build_model` builds a step rule's model: ``fused`` is ``()`` (the composite ops, one
+    ``chunks`` entry after the other) or ``(op, plan)`` (:func:`build_fused`); ``decayed`` flags the
+    parameters whose weight decay the model holds."""
+
+    chunks: Tuple[Chunk, ...]
+    decayed: Tuple[bool, ...]
+    fused: tuple
+
+
+def model_plan(sizes: Sequence[int], decayed: Sequence[bool], curved: Sequence[bool], directions: int,
+               op=None) -> ModelPlan:
+    """The :class:`ModelPlan` of a model over ``directions`` directions; ``op``: the fused CPU op
+    (``MsOptimQuadProducts``), or None for the composite ops."""
+    fused = () if op is None else (op, fused_plan(directions, decayed, curved))
+    return ModelPlan(chunk_plan(sizes, decayed, curved), tuple(bool(d) for d in decayed), fused)
+
+
+def build_model(plan, directions, gradients, weights, products, weight_decay):
+    """The model's parts as ``plan`` (:func:`model_plan`) says: :func:`build_fused` or :func:`build`."""
+    if plan.fused:
+        op, flags = plan.fused
+        return build_fused(op, flags, directions, gradients, weights, products, weight_decay, plan.decayed)
+    return build(directions, gradients, weights, products, plan.chunks, weight_decay)
 
 
 def _symmetric(part):

@@ -92,13 +92,13 @@ class QuadraticRule(nn.Cell):
         super().__init__(auto_prefix=False)
         self.forms, self.slots, self.decay_flags = table.forms, table.slots, table.decay_flags
         self.curved = table.curved
-        self.chunks = qm.chunk_plan(table.sizes, table.decay_flags, table.curved)
         # one fused CPU op per phase over every parameter, where all of them are float32
         quad = quad_kernels(len(table.sizes)) if fused else None
         self.fused = quad is not None
         if self.fused:
-            self.quad_trial, self.quad_move, self.quad_products = quad
-            self.plan = qm.fused_plan(2, table.decay_flags, table.curved)
+            self.quad_trial, self.quad_move = quad.trial, quad.move
+        self.model_plan = qm.model_plan(table.sizes, table.decay_flags, table.curved, 2,
+                                        None if quad is None else quad.products)
         self.weight_decay = Tensor(config.weight_decay, mstype.float32)
         self.apply_weight_decay = config.weight_decay > 0
         self.enable_clip_grad = config.enable_clip_grad
@@ -138,11 +138,8 @@ class QuadraticRule(nn.Cell):
         vectors = (directions, self.previous)
         products = tuple(self.hyper_map(F.partial(curvature_product, context), self.curved, self.forms,
                                         self.slots, gradients, v) for v in vectors)
-        if self.fused:
-            a, d, r, b, e = qm.build_fused(self.quad_products, self.plan, vectors, gradients, weights,
-                                           products, self.weight_decay, self.decay_flags)
-        else:
-            a, d, r, b, e = qm.build(vectors, gradients, weights, products, self.chunks, self.weight_decay)
+        a, d, r, b, e = qm.build_model(self.model_plan, vectors, gradients, weights, products,
+                                       self.weight_decay)
         signs, first = self.signs, self.first_negated
         model = (a * signs, d * signs, r * signs, b * first, e * first)
         if self.ranks > 1:
