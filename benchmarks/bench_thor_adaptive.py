@@ -237,7 +237,7 @@ def train_once(task: Dict, kind: str, lr, damping, momentum, args) -> Dict:
     opt, scale = _optimizer(kind, lr, damping, momentum, task, net_with_loss, args)
     cell = ms_nn.TrainOneStepCell(net_with_loss, opt, sens=scale).set_train()
     target = TARGETS[task["name"]]
-    steps, losses, curve, nan_step, reached = [], [], [], None, None
+    steps, curve, nan_step, reached = [], [], None, None
     # learning_rate="adaptive": record its step sizes
     quadratic_step = opt.step_rule if getattr(opt, "config", None) and opt.config.lr_mode == "adaptive" else None
     step_sizes = []
@@ -246,7 +246,6 @@ def train_once(task: Dict, kind: str, lr, damping, momentum, args) -> Dict:
         start = time.perf_counter()
         loss = float(cell(*[Tensor(x) for x in batch]).asnumpy())
         steps.append(time.perf_counter() - start)
-        losses.append(loss)
         if quadratic_step is not None:
             step_sizes.append(float(quadratic_step.step_size.asnumpy()))
         if not math.isfinite(loss):
@@ -267,12 +266,11 @@ def train_once(task: Dict, kind: str, lr, damping, momentum, args) -> Dict:
     return {"rejected_steps": None if rejected is None else int(rejected.asnumpy()),
             "task": task["name"], "kind": kind, "lr": None if kind in ("adaptive", "recipe") and lr is None
             else lr, "damping": damping, "momentum": momentum, "nan": not finite, "nan_step": nan_step,
-            "final": curve[-1][2] if finite and curve else float("nan"), "final_loss": losses[-1],
+            "final": curve[-1][2] if finite and curve else float("nan"), "final_loss": loss,
             "seconds_to_target": reached, "train_seconds": median + sum(steps[1:]),
             "steps_to_target": next((c[0] for c in curve if c[2] >= target), None),
             "compile_seconds": steps[0] - median, "median_step_ms": 1e3 * median, "steps": len(steps),
-            "wall_seconds": time.perf_counter() - wall, "curve": curve, "losses": losses,
-            "step_sizes": step_sizes}
+            "wall_seconds": time.perf_counter() - wall, "curve": curve, "step_sizes": step_sizes}
 
 
 def _nan_entry(ax, colour: str, label: str) -> None:
@@ -340,10 +338,21 @@ def _title(settings: Dict) -> str:
 
 
 def plot_record(record: Dict, json_path: str) -> List[str]:
-    """Draw the curves of a record of this benchmark beside its JSON; returns the PNG's path."""
-    tasks = [t for t in record["settings"]["tasks"] if any(r["task"] == t for r in record["runs"])]
+    """Draw the plot of a record of this benchmark beside its JSON (the curves; or, of a ``--cost`` or
+    ``--lr-multiples`` record, that mode's plot); returns the PNG's path."""
     path = os.path.splitext(json_path)[0] + ".png"
-    plot(path, record["runs"], tasks, _title(record["settings"]))
+    settings = record["settings"]
+    if settings.get("cost"):
+        from benchmarks._adaptive_cost import plot_cost
+
+        plot_cost(path, record["tasks"], argparse.Namespace(**settings))
+    elif settings.get("lr_multiples"):
+        from benchmarks._adaptive_multiples import plot_multiples
+
+        plot_multiples(path, record)
+    else:
+        tasks = [t for t in settings["tasks"] if any(r["task"] == t for r in record["runs"])]
+        plot(path, record["runs"], tasks, _title(settings))
     return [path]
 
 
@@ -353,16 +362,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if args.replot:
         saved = read_json(args.out + ".json")
         with plotted_from(saved):
-            if saved.get("settings", {}).get("cost"):
-                from benchmarks._adaptive_cost import plot_cost
-
-                plot_cost(args.out + ".png", saved["tasks"], argparse.Namespace(**saved["settings"]))
-            elif saved.get("settings", {}).get("lr_multiples"):
-                from benchmarks._adaptive_multiples import plot_multiples
-
-                plot_multiples(args.out + ".png", saved)
-            else:
-                plot_record(saved, args.out + ".json")
+            plot_record(saved, args.out + ".json")
         return 0
     import mindspore as ms
 
