@@ -12,6 +12,7 @@ import importlib
 import json
 import os
 import platform
+import re
 import statistics
 import sys
 import textwrap
@@ -145,13 +146,25 @@ def _this_run() -> Dict[str, str]:
             "utc": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")}
 
 
+#: a JSON array of numbers, booleans and nulls only (no nested array, object or string)
+_SCALAR_ARRAY = re.compile(r"\[(?:\s*(?:-?[0-9][0-9.eE+-]*|-?NaN|-?Infinity|true|false|null)\s*,)*"
+                           r"\s*(?:-?[0-9][0-9.eE+-]*|-?NaN|-?Infinity|true|false|null)\s*\]")
+
+
+def dumps_record(record: Mapping[str, Any]) -> str:
+    """``record`` as indented JSON with every array of scalars on one line (a curve of a thousand steps is one
+    line, not a thousand)."""
+    text = json.dumps(record, indent=2, sort_keys=False)
+    return _SCALAR_ARRAY.sub(lambda m: "[" + ", ".join(v.strip() for v in m.group(0)[1:-1].split(",")) + "]",
+                             text) + "\n"
+
+
 def write_json(path: str, payload: Mapping[str, Any]) -> str:
     """Write ``payload`` plus the command line, time and machine info to ``path`` (dirs created)."""
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     record = {**_this_run(), "machine": machine_info(), **payload}
     with open(path, "w", encoding="utf-8") as handle:
-        json.dump(record, handle, indent=2, sort_keys=False)
-        handle.write("\n")
+        handle.write(dumps_record(record))
     return path
 
 

@@ -120,3 +120,19 @@ def test_replot_redraws_the_lr_multiples_and_cost_figures(tmp_path, stem):
     assert main(["--replot", "--out", str(tmp_path / stem)]) == 0
     png = tmp_path / (stem + ".png")
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 10_000
+
+
+def test_records_keep_every_value_with_scalar_arrays_on_one_line():
+    """``dumps_record``: the record reads back as it was (NaN, inf, nested lists, strings with commas), and an
+    array of scalars takes one line, so a long curve is not a line per number."""
+    import json
+
+    from benchmarks._common import dumps_record
+
+    record = {"command": "python x.py --a 1,2", "runs": [{"curve": [[5, 1.5, 0.25], [10, 3.0, float("nan")]],
+                                                         "losses": [2.5, -1e-07, float("inf"), None, True],
+                                                         "names": ["a, b", "c"]}], "empty": []}
+    text = dumps_record(record)
+    assert json.dumps(json.loads(text)) == json.dumps(record)
+    assert "[2.5, -1e-07, Infinity, null, true]" in text and "[10, 3.0, NaN]" in text
+    assert text.endswith("\n")
