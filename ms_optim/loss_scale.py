@@ -8,9 +8,13 @@ MindSpore 2.10's own cell tests overflow with a status op that has no CPU kernel
 classes here test overflow with ``ops.isfinite`` instead and otherwise keep MindSpore's constructor,
 attributes and outputs, so that ``use()`` can install them as MindSpore's own. With a THOR optimizer whose
 learning rate or damping is ``"adaptive"``, both cells run the network once more after the optimizer, on the
-steps the optimizer names, and hand it the two losses (:class:`LossProbe`).
+steps the optimizer names, and hand it the two losses (:class:`LossProbe`); called in GRAPH_MODE they run
+the step as two graphs, the optimizer's and the extra pass's (``_TwoGraphs``: no weight is copied), with the
+numbers of one.
 """
 from __future__ import annotations
+
+import os
 
 import numpy as np
 from mindspore import Parameter, Tensor, context, nn, ops
@@ -148,7 +152,81 @@ class LossAndGrads(nn.Cell):
         return loss, grads
 
 
-class TrainOneStepCell(nn.TrainOneStepCell):
+class _OptimizerPart(nn.Cell):
+    """The first graph of :class:`_TwoGraphs`: the training cell's ``optimizer_part``."""
+
+    def __init__(self, owner):
+        super().__init__(auto_prefix=False)
+        object.__setattr__(self, "owner", owner)  # not a child: the cell tree and names stay the owner's
+
+    def construct(self, *inputs):
+        return self.owner.optimizer_part(*inputs)
+
+
+class _ProbePart(nn.Cell):
+    """The second graph of :class:`_TwoGraphs`: the training cell's ``probe_part``."""
+
+    def __init__(self, owner):
+        super().__init__(auto_prefix=False)
+        object.__setattr__(self, "owner", owner)
+
+    def construct(self, *args):
+        count = self.owner.carried_count
+        return self.owner.probe_part(args[:count], *args[count:])
+
+
+class _TwoGraphs:
+    """A training cell with a :class:`LossProbe`, called from Python in GRAPH_MODE, runs its step as two
+    graphs: ``optimizer_part(*inputs)`` (the loss, the gradients and the optimizer; returns what the probe
+    needs, ``carried``) and ``probe_part(carried, *inputs)`` (the extra forward pass and the optimizer's
+    finish; returns the cell's output). ``construct`` is the two in one graph: what runs in PYNATIVE_MODE,
+    inside another cell's graph, and with MindSpore's graceful exit.
+
+    Why: a Parameter read in a graph that also writes it after another read (the step's forward pass, then
+    the optimizer, then the probe's forward pass) makes MindSpore copy it before each read (a ``TensorMove``
+    of every weight, twice per step); in two graphs each weight is read once per graph, as in a plain
+    training step. Same numbers either way.
+
+    The second graph takes the ``carried_count`` Tensors of ``carried`` as arguments of their own (a tuple
+    argument would be a constant of the graph: compiled anew every step). ``compile(*inputs)`` compiles both
+    graphs (the second with placeholders of ``carried``: a mismatch only recompiles it on the first step).
+    ``graph_cells`` are the two graphs' cells (``()`` when the step is one graph always; ``_memory`` wraps
+    their compilation too); ``graph_parts()`` the ones that run now.
+    """
+
+    def _set_parts(self, usable: bool) -> None:
+        """Make the two graph cells when ``usable`` and the cell's class keeps this module's ``construct`` (a
+        subclass with a ``construct`` of its own runs it, as one graph)."""
+        own = type(self).construct in (TrainOneStepCell.construct, TrainOneStepWithLossScaleCell.construct)
+        parts = (_OptimizerPart(self), _ProbePart(self)) if usable and own else ()
+        object.__setattr__(self, "graph_cells", parts)
+
+    def graph_parts(self) -> tuple:
+        """The two graph cells when the step runs as two graphs now, else ``()``."""
+        parts = self.graph_cells
+        if not parts or self.use_graceful_exit or context.get_context("mode") != context.GRAPH_MODE \
+                or os.getenv("MS_JIT") == "0":
+            return ()
+        for part in parts:
+            if part.training != self.training:
+                part.set_train(self.training)
+        return parts
+
+    def compile(self, *args, **kwargs):
+        parts = self.graph_parts()
+        if not parts or kwargs:
+            return super().compile(*args, **kwargs)
+        parts[0].compile(*args)
+        return parts[1].compile(*self.carried_placeholder(), *args)
+
+    def __call__(self, *args, **kwargs):
+        parts = self.graph_parts()
+        if not parts or kwargs:
+            return super().__call__(*args, **kwargs)
+        return parts[1](*parts[0](*args), *args)
+
+
+class TrainOneStepCell(_TwoGraphs, nn.TrainOneStepCell):
     """``mindspore.nn.TrainOneStepCell`` that also runs the extra forward pass a THOR optimizer with
     ``learning_rate`` or ``damping`` "adaptive" needs (:class:`LossProbe`); for every other optimizer it is
     MindSpore's cell, step for step.
@@ -176,25 +254,44 @@ class TrainOneStepCell(nn.TrainOneStepCell):
         if self.loss_probe is not None:  # the loss from the gradient's own forward (LossAndGrads)
             self.loss_and_grads = LossAndGrads(network, self.weights)
             self.sens_tensor = Tensor(float(self.sens), mstype.float32)
+        self._set_parts(self.loss_probe is not None and not return_grad)
 
-    def construct(self, *inputs):
-        if self.loss_probe is None:
-            return super().construct(*inputs)
+    def _step(self, *inputs):
+        """The loss, the gradients and the update: ``(loss, grads)`` (the loss ordered after the update)."""
         loss, grads = self.loss_and_grads(self.sens_tensor, *inputs)
         grads = self.grad_reducer(grads)
         if self.use_graceful_exit:
             grads = self.graceful_exit.exit_by_request(grads, self.init_param, self.exit_param)
-        loss = ops.depend(loss, self.optimizer(grads))
+        return ops.depend(loss, self.optimizer(grads)), grads
+
+    def optimizer_part(self, *inputs):
+        """The step up to the probe (``_TwoGraphs``): ``(loss,)``."""
+        return (self._step(*inputs)[0],)
+
+    def probe_part(self, carried, *inputs):
+        """The probe after :meth:`optimizer_part`: the loss."""
+        return self.loss_probe(carried[0], *inputs)
+
+    carried_count = 1
+
+    def carried_placeholder(self) -> tuple:
+        """What :meth:`optimizer_part` returns, for compiling :meth:`probe_part` ahead (a float32 loss)."""
+        return (Tensor(0.0, mstype.float32),)
+
+    def construct(self, *inputs):
+        if self.loss_probe is None:
+            return super().construct(*inputs)
+        if not self.return_grad:
+            return self.probe_part(self.optimizer_part(*inputs), *inputs)
+        loss, grads = self._step(*inputs)
         loss = self.loss_probe(loss, *inputs)
-        if self.return_grad:
-            grad_with_param_name = {}
-            for index, value in enumerate(grads):
-                grad_with_param_name[self.weights_name[index]] = value
-            return loss, grad_with_param_name
-        return loss
+        grad_with_param_name = {}
+        for index, value in enumerate(grads):
+            grad_with_param_name[self.weights_name[index]] = value
+        return loss, grad_with_param_name
 
 
-class TrainOneStepWithLossScaleCell(nn.TrainOneStepWithLossScaleCell):
+class TrainOneStepWithLossScaleCell(_TwoGraphs, nn.TrainOneStepWithLossScaleCell):
     r"""``mindspore.nn.TrainOneStepWithLossScaleCell`` with a portable overflow test: runs on CPU too.
 
     One call is one training step with loss scale :math:`s` (the current value of ``scale_sense``):
@@ -271,6 +368,7 @@ class TrainOneStepWithLossScaleCell(nn.TrainOneStepWithLossScaleCell):
         self.loss_probe = loss_probe_for(network, optimizer)
         # with the probe: the loss from the gradient's own forward
         self.loss_and_grads = None if self.loss_probe is None else LossAndGrads(network, self.weights)
+        self._set_parts(self.loss_probe is not None)
 
     def set_sense_scale(self, sens):
         """Set the loss scale to the Tensor ``sens``, as MindSpore's cell does.
@@ -282,7 +380,8 @@ class TrainOneStepWithLossScaleCell(nn.TrainOneStepWithLossScaleCell):
             check_scale_sense(sens)
         super().set_sense_scale(sens)
 
-    def construct(self, *inputs):
+    def optimizer_part(self, *inputs):
+        """The step up to the probe (``_TwoGraphs``): ``(loss, cond, scale_sense, overflow)``."""
         step = self.loss_scale_step + 1
         # a copy (the manager may update scale_sense below), checked before anything of this step runs
         used_scale = check_loss_scale_at_step(self.scale_sense * 1.0, step)
@@ -301,9 +400,25 @@ class TrainOneStepWithLossScaleCell(nn.TrainOneStepWithLossScaleCell):
         overflow = self.process_loss_scale(cond)
         if not overflow:
             loss = ops.depend(loss, self.optimizer(grads))
-            if self.loss_probe is not None:
+        return loss, cond, self.scale_sense, overflow  # the scale after the manager's update
+
+    def probe_part(self, carried, *inputs):
+        """The probe after :meth:`optimizer_part` (none after an overflow): ``(loss, cond, scale_sense)``, as
+        MindSpore's cell returns them."""
+        loss, cond, scale, overflow = carried
+        if self.loss_probe is not None:
+            if not overflow:
                 loss = self.loss_probe(loss, *inputs)
-        return loss, cond, self.scale_sense  # after the manager's update, as MindSpore's cell returns it
+        return loss, cond, scale
+
+    carried_count = 4
+
+    def carried_placeholder(self) -> tuple:
+        """What :meth:`optimizer_part` returns, for compiling :meth:`probe_part` ahead."""
+        return (Tensor(0.0, mstype.float32), Tensor(False), ops.zeros_like(self.scale_sense), Tensor(False))
+
+    def construct(self, *inputs):
+        return self.probe_part(self.optimizer_part(*inputs), *inputs)
 
     def start_overflow_check(self, pre_cond, compute_input):
         """Start an overflow check (MindSpore's hook for subclasses): returns ``(status, compute_input)``.

@@ -415,10 +415,11 @@ extern "C" MS_OPTIM_CLONES MS_OPTIM_ROUNDED int MsOptimQuadMove(int nparam, void
   return 0;
 }
 
-// MsOptimQuadProducts(first[P], second[P], gradients[P], weights[P], first_products[P], second_products[P],
+// MsOptimQuadProducts(first[P], second[P], gradients[P], terms[P], first_products[P], second_products[P],
 // plan float64[1 + P] = directions k (1 or 2), then per parameter 1 * decayed + 2 * curved) -> out (4, 2, 2):
 //   out[0] = D = <v_i, v_k>,   out[1] = R = D over the decayed parameters,
-//   out[2] = A = <c(v_i), v_k> over the curved parameters (symmetrised),   out[3] = [<g, v_i>; <w, v_i> decayed]
+//   out[2] = A = <c(v_i), v_k> over the curved parameters (symmetrised),   out[3] = [<g, v_i>; <t, v_i> decayed]
+// (t: the decay terms wd * w)
 // with v_0 = first, v_1 = second (read only when k == 2; the rest of out is 0), sums in double precision.
 extern "C" MS_OPTIM_CLONES int MsOptimQuadProducts(int nparam, void **params, int *ndims, int64_t **shapes,
                                                    const char **dtypes, void * /*stream*/, void * /*extra*/) {

@@ -50,9 +50,11 @@ from ms_optim._thor.step.update import (
     apply_decay,
     clip_to_unit_norm,
     curvature_product,
+    decay_terms,
     momentum_step,
     nesterov_step,
     precondition,
+    read_after,
     restore,
     scale,
     sequential_step,
@@ -71,8 +73,10 @@ class MomentumRule(nn.Cell):
         momentum (Parameter): the momentum coefficient.
         damping_rule (Cell): the damping rule (its ``predicted`` and ``adapt`` with ``damping="adaptive"``).
 
-    ``rule(params, gradients, lr, context)`` makes the update and returns its token;
-    ``rule.finish(loss_before, loss_after)`` runs after the training cell's extra pass on the steps
+    ``rule.read_weights(params, anchor)`` reads what the step needs of the weights' values before the
+    optimizer's branches (the decay terms; with ``damping="adaptive"`` the copy of the weights a failed step
+    is taken back to); ``rule(params, gradients, lr, context, step, terms)`` makes the update and returns its
+    token; ``rule.finish(loss_before, loss_after)`` runs after the training cell's extra pass on the steps
     ``rule.probe_due`` names.
     """
 
@@ -88,6 +92,7 @@ class MomentumRule(nn.Cell):
         self.hyper_map = ops.HyperMap()
         self.weight_decay = Tensor(config.weight_decay, mstype.float32)
         self.apply_weight_decay = config.weight_decay > 0
+        self.decay = self.weight_decay if self.apply_weight_decay else None
         self.use_nesterov = config.use_nesterov
         self.enable_clip_grad = config.enable_clip_grad
         self.kl_clip = None if config.kl_clip is None else Tensor(config.kl_clip, mstype.float32)
@@ -108,7 +113,16 @@ class MomentumRule(nn.Cell):
             # update would round away a small weight)
             self.before = weights.clone(prefix="thor_before", init="zeros")
 
-    def _staged(self, params, gradients, lr, context):
+    def read_weights(self, params, anchor):
+        """The decay terms (``update.decay_terms``) and, with ``damping="adaptive"``, the copy of the weights
+        before the step; run before the optimizer's branches (``update.py``), ordered after ``anchor``."""
+        terms = decay_terms(self.hyper_map, self.decay, anchor, self.decay_flags, params)
+        if self.measures:  # every value read before the first copy is written (one read of each weight)
+            values = self.hyper_map(F.partial(read_after, anchor), params)
+            terms = F.depend(terms, self.hyper_map(ops.assign, self.before, values))
+        return terms
+
+    def _staged(self, params, gradients, lr, context, terms):
         """Precondition every gradient, then the rules that read all of them (KL clip, unit-norm clip), decay
         and the momentum (or Nesterov) steps."""
         raw_gradients = gradients
@@ -116,8 +130,7 @@ class MomentumRule(nn.Cell):
         if self.kl_clip is not None:
             gradients = apply_kl_clip(gradients, raw_gradients, lr, self.kl_clip)
         if self.apply_weight_decay:
-            gradients = self.hyper_map(F.partial(apply_decay, self.weight_decay), self.decay_flags, params,
-                                       gradients)
+            gradients = self.hyper_map(apply_decay, self.decay_flags, terms, gradients)
         if self.enable_clip_grad:
             gradients = self.hyper_map(clip_to_unit_norm, gradients)
         if self.use_nesterov:
@@ -126,27 +139,25 @@ class MomentumRule(nn.Cell):
         return self.hyper_map(F.partial(momentum_step, self.opt, self.momentum, lr), gradients, params,
                               self.moments)
 
-    def construct(self, params, gradients, lr, context, step):
-        if self.measures:
-            gradients = F.depend(gradients, self.hyper_map(ops.assign, self.before, params))
+    def construct(self, params, gradients, lr, context, step, terms):
         if self.sequential:
-            update = (self.opt, self.momentum, lr, self.weight_decay if self.apply_weight_decay else None)
+            update = (self.opt, self.momentum, lr, self.apply_weight_decay)
             success = self.hyper_map(F.partial(sequential_step, update, context), self.forms, self.slots,
-                                     self.decay_flags, gradients, params, self.moments)
+                                     self.decay_flags, terms, gradients, params, self.moments)
         else:
-            success = self._staged(params, gradients, lr, context)
+            success = self._staged(params, gradients, lr, context, terms)
         if self.measures:
-            success = F.depend(success, self._predict(params, gradients, lr, context, success))
+            success = F.depend(success, self._predict(terms, gradients, lr, context, success))
         return success
 
-    def _predict(self, params, gradients, lr, context, success):
+    def _predict(self, terms, gradients, lr, context, success):
         """q of the update just made (module docstring), stored in the damping rule's ``predicted``."""
         moments = F.depend(self.moments, success)
         lr32 = -ops.reshape(ops.cast(lr, mstype.float32), ())
         deltas = self.hyper_map(F.partial(scale, lr32), moments)
         products = self.hyper_map(F.partial(curvature_product, context), self.curved, self.forms,
                                   self.slots, gradients, deltas)
-        model = qm.build_model(self.model_plan, (deltas,), gradients, params, (products,), self.weight_decay)
+        model = qm.build_model(self.model_plan, (deltas,), gradients, terms, (products,))
         return ops.assign(self.damping_rule.predicted, qm.change(model))
 
     def probe_due(self, global_step):

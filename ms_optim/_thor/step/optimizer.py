@@ -13,6 +13,7 @@ One call of the optimizer is one step ``t`` (its ``global_step``; ``f = frequenc
 
     g    <- grad / loss_scale                                    for every trainable parameter
     d    <- the damping rule's damping of step t;   lam <- sqrt(d)
+    the step rule reads what it needs of the weights' values (the decay terms wd * w: ``update.py``)
     if the damping rule refreshes (t % f == 0, "a THOR step"; with damping="adaptive" also when d changed):
         the inversion strategy stores every layer's damped inverses (A + lam I)^-1, (G + lam I)^-1 from the
         factors the layers collected on the last THOR step (G divided by the square of its loss scale)
@@ -269,11 +270,15 @@ class ThorOptimizer(Optimizer):
             raise RuntimeError(self.unprobed)
         params = self._parameters
         gradients = self.scale_grad(gradients)
+        anchor = self.inversion.anchor(gradients)  # what the THOR branch reads the factors after
+        # Every read of the weights' values comes first, before any write of the step and before its branch
+        # (``update.py``): read after a write, or again in a branch graph that writes them, MindSpore would
+        # copy every weight twice each step.
+        terms = self.step_rule.read_weights(params, anchor)
         step = self._check_schedules(self.global_step)
         next_flag = ops.reshape(ops.equal(ops.floor_mod(step + self.one_step, self.frequency_tensor),
                                           self.zero_step), ())
         refreshed = self.zero_step
-        anchor = self.inversion.anchor(gradients)  # what the THOR branch reads the factors after
         damping = self.damping_rule(step, anchor, self.factor_loss_scale)
         lam = ops.sqrt(damping)
         thor_step = ops.all(ops.equal(ops.floor_mod(step, self.frequency_tensor), self.zero_step))
@@ -294,8 +299,8 @@ class ThorOptimizer(Optimizer):
             g_unscale = ops.reciprocal(ops.square(curvature_scale))
         context = (self.curvature_kernels, lam, g_unscale, self.batch_size_tensor)
         if self.scheduled_lr:
-            success = self.step_rule(params, gradients, self.get_lr(), context, step)
+            success = self.step_rule(params, gradients, self.get_lr(), context, step, terms)
         else:
-            success = self.step_rule(params, gradients, damping, context, step)
+            success = self.step_rule(params, gradients, damping, context, step, terms)
         success = F.depend(success, self.assignadd(self.global_step, self.global_step_increase_tensor))
         return F.depend(success, self.hyper_map(F.partial(write_flag, next_flag), self.thor_flags))

@@ -10,7 +10,7 @@ all trainable parameters ``j`` (``c_j``: the parameter's curvature, its spec's `
     D[i, k] = sum_j <v_i, v_k>               what the damping multiplies
     R[i, k] = sum_j [decay_filter(w_j)] <v_i, v_k>     what weight decay multiplies
     e[i]    = sum_j <g_j, v_i>               the gradient of the loss the training cell measures
-    b[i]    = e[i] + wd sum_j [decay_filter(w_j)] <w_j, v_i>   the gradient of loss + wd/2 ||w||^2
+    b[i]    = e[i] + sum_j [decay_filter(w_j)] <wd w_j, v_i>   the gradient of loss + wd/2 ||w||^2
 
     M(kappa, d) = kappa (A + d D) + wd R     the model's matrix; its value at coefficients w = (alpha, beta):
     m(w) = 1/2 w^T M w + b . w               (the change of the regularised loss the step w . v makes)
@@ -110,12 +110,13 @@ def _matrix_rows(vectors, index):
     return ops.stack(tuple(_flat(vector, index) for vector in vectors))
 
 
-def build(directions, gradients, weights, products, chunks, weight_decay):
+def build(directions, gradients, terms, products, chunks, with_terms=True):
     """The model's parts (:class:`QuadModel`'s fields, as a tuple) from tuples over the parameters:
-    ``directions`` (a tuple of one or two tuples of vectors ``v_i``), ``gradients``, ``weights``, ``products``
-    (``c_j(v_i)`` per direction; read for the chunks' ``curved`` parameters only), ``chunks``
-    (:func:`chunk_plan`) and ``weight_decay`` (a float32 scalar Tensor). One chunk after the other, each with
-    a few products of its laid-out entries."""
+    ``directions`` (a tuple of one or two tuples of vectors ``v_i``), ``gradients``, ``terms`` (the decay
+    terms ``wd * w``, ``update.decay_term``: read for the chunks' ``decayed`` parameters only, and only
+    ``with_terms``: without weight decay b = e), ``products`` (``c_j(v_i)`` per direction; read for the
+    chunks' ``curved`` parameters only) and ``chunks`` (:func:`chunk_plan`). One chunk after the other, each
+    with a few products of its laid-out entries."""
     k = len(directions)
     d = ops.zeros((k, k), mstype.float32)
     r, a = d, d
@@ -129,14 +130,17 @@ def build(directions, gradients, weights, products, chunks, weight_decay):
         e = e + both[k]
         if chunk.decayed:
             v_d = v if chunk.decayed == chunk.params else _matrix_rows(directions, chunk.decayed)
-            rows = ops.concat((v_d, ops.expand_dims(_flat(weights, chunk.decayed), 0)))
-            both = ops.matmul(rows, ops.transpose(v_d, (1, 0)))
-            r = r + both[:k]
-            decay_dot = decay_dot + both[k]
+            if with_terms:
+                rows = ops.concat((v_d, ops.expand_dims(_flat(terms, chunk.decayed), 0)))
+                both = ops.matmul(rows, ops.transpose(v_d, (1, 0)))
+                r = r + both[:k]
+                decay_dot = decay_dot + both[k]
+            else:
+                r = r + ops.matmul(v_d, ops.transpose(v_d, (1, 0)))
         if chunk.curved:
             v_c = v if chunk.curved == chunk.params else _matrix_rows(directions, chunk.curved)
             a = a + ops.matmul(_matrix_rows(products, chunk.curved), ops.transpose(v_c, (1, 0)))
-    return _symmetric(a), _symmetric(d), _symmetric(r), e + weight_decay * decay_dot, e
+    return _symmetric(a), _symmetric(d), _symmetric(r), e + decay_dot, e
 
 
 def fused_plan(directions: int, decayed: Sequence[bool], curved: Sequence[bool]) -> Tensor:
@@ -146,47 +150,50 @@ def fused_plan(directions: int, decayed: Sequence[bool], curved: Sequence[bool])
     return Tensor(np.array(flags, np.float64))
 
 
-def build_fused(op, plan, directions, gradients, weights, products, weight_decay, decayed):
+def build_fused(op, plan, directions, gradients, terms, products, decayed, with_terms=True):
     """:func:`build` as one fused CPU op over every parameter (``op``: ``MsOptimQuadProducts``; ``plan``:
-    :func:`fused_plan`); where the op reads nothing (the second group of one direction, the weights that
-    ``decayed`` leaves out) it is handed a placeholder, so no Parameter is read in vain."""
+    :func:`fused_plan`); where the op reads nothing (the second group of one direction, the decay terms that
+    ``decayed`` leaves out, or all of them without ``with_terms``) it is handed a placeholder."""
     second = directions[1] if len(directions) > 1 else directions[0]
     second_products = products[1] if len(products) > 1 else products[0]
     read = ()
     for j in range(len(decayed)):
-        read = read + ((weights[j],) if decayed[j] else (directions[0][j],))
+        read = read + ((terms[j],) if decayed[j] and with_terms else (directions[0][j],))
     out = op(*(directions[0] + second + gradients + read + products[0] + second_products + (plan,)))
     rows = out[3]
     if len(directions) > 1:
-        return out[2], out[0], out[1], rows[0] + weight_decay * rows[1], rows[0]
+        return out[2], out[0], out[1], (rows[0] + rows[1]) if with_terms else rows[0], rows[0]
     e = rows[0][:1]
-    return out[2][:1, :1], out[0][:1, :1], out[1][:1, :1], e + weight_decay * rows[1][:1], e
+    return out[2][:1, :1], out[0][:1, :1], out[1][:1, :1], (e + rows[1][:1]) if with_terms else e, e
 
 
 class ModelPlan(NamedTuple):
     """How :func:`build_model` builds a step rule's model: ``fused`` is ``()`` (the composite ops, one
     ``chunks`` entry after the other) or ``(op, plan)`` (:func:`build_fused`); ``decayed`` flags the
-    parameters whose weight decay the model holds."""
+    parameters whose weight decay the model holds (their R), ``with_terms`` whether weight decay is applied
+    (the decay terms are read for b)."""
 
     chunks: Tuple[Chunk, ...]
     decayed: Tuple[bool, ...]
     fused: tuple
+    with_terms: bool
 
 
 def model_plan(sizes: Sequence[int], decayed: Sequence[bool], curved: Sequence[bool], directions: int,
-               op=None) -> ModelPlan:
+               op=None, with_terms: bool = False) -> ModelPlan:
     """The :class:`ModelPlan` of a model over ``directions`` directions; ``op``: the fused CPU op
-    (``MsOptimQuadProducts``), or None for the composite ops."""
+    (``MsOptimQuadProducts``), or None for the composite ops; ``with_terms``: weight decay is applied."""
     fused = () if op is None else (op, fused_plan(directions, decayed, curved))
-    return ModelPlan(chunk_plan(sizes, decayed, curved), tuple(bool(d) for d in decayed), fused)
+    return ModelPlan(chunk_plan(sizes, decayed, curved), tuple(bool(d) for d in decayed), fused,
+                     bool(with_terms))
 
 
-def build_model(plan, directions, gradients, weights, products, weight_decay):
+def build_model(plan, directions, gradients, terms, products):
     """The model's parts as ``plan`` (:func:`model_plan`) says: :func:`build_fused` or :func:`build`."""
     if plan.fused:
         op, flags = plan.fused
-        return build_fused(op, flags, directions, gradients, weights, products, weight_decay, plan.decayed)
-    return build(directions, gradients, weights, products, plan.chunks, weight_decay)
+        return build_fused(op, flags, directions, gradients, terms, products, plan.decayed, plan.with_terms)
+    return build(directions, gradients, terms, products, plan.chunks, plan.with_terms)
 
 
 def _symmetric(part):

@@ -53,6 +53,7 @@ from ms_optim._thor.step.update import (
     apply_decay,
     clip_to_unit_norm,
     curvature_product,
+    decay_terms,
     move,
     precondition,
     take_trial,
@@ -98,9 +99,10 @@ class QuadraticRule(nn.Cell):
         if self.fused:
             self.quad_trial, self.quad_move = quad.trial, quad.move
         self.model_plan = qm.model_plan(table.sizes, table.decay_flags, table.curved, 2,
-                                        None if quad is None else quad.products)
+                                        None if quad is None else quad.products, config.weight_decay > 0)
         self.weight_decay = Tensor(config.weight_decay, mstype.float32)
         self.apply_weight_decay = config.weight_decay > 0
+        self.decay = self.weight_decay if self.apply_weight_decay else None
         self.enable_clip_grad = config.enable_clip_grad
         self.kl_clip = None if config.kl_clip is None else Tensor(config.kl_clip, mstype.float32)
         self.momentum = None if config.momentum_mode == Mode.ADAPTIVE else float(config.momentum)
@@ -132,29 +134,31 @@ class QuadraticRule(nn.Cell):
         return qm.coefficients(qm.matrix(model, kappa, damping, self.weight_decay), b, self.momentum,
                                self.kl_clip)
 
-    def _model(self, weights, gradients, directions, context):
+    def read_weights(self, weights, anchor):
+        """The decay terms (``update.decay_terms``), read before the optimizer's branches (``update.py``)."""
+        return decay_terms(self.hyper_map, self.decay, anchor, self.decay_flags, weights)
+
+    def _model(self, terms, gradients, directions, context):
         """The model over ``(x, y)``, from the preconditioned ``directions`` ``u = -x`` (built over ``(u, y)``
         and turned by the signs of ``x``), averaged over the ranks."""
         vectors = (directions, self.previous)
         products = tuple(self.hyper_map(F.partial(curvature_product, context), self.curved, self.forms,
                                         self.slots, gradients, v) for v in vectors)
-        a, d, r, b, e = qm.build_model(self.model_plan, vectors, gradients, weights, products,
-                                       self.weight_decay)
+        a, d, r, b, e = qm.build_model(self.model_plan, vectors, gradients, terms, products)
         signs, first = self.signs, self.first_negated
         model = (a * signs, d * signs, r * signs, b * first, e * first)
         if self.ranks > 1:
             model = qm.mean_over(model, self.mean_over_ranks)
         return model
 
-    def construct(self, weights, gradients, damping, context, step):
+    def construct(self, weights, gradients, damping, context, step, terms):
         """The trial: directions, model, ``(a0, b0)`` with the last calibration, ``w += a0 x + b0 y``."""
         directions = self.hyper_map(F.partial(precondition, context), self.forms, self.slots, gradients)
         if self.apply_weight_decay:
-            directions = self.hyper_map(F.partial(apply_decay, self.weight_decay), self.decay_flags, weights,
-                                        directions)
+            directions = self.hyper_map(apply_decay, self.decay_flags, terms, directions)
         if self.enable_clip_grad:
             directions = self.hyper_map(clip_to_unit_norm, directions)
-        model = self._model(weights, gradients, directions, context)
+        model = self._model(terms, gradients, directions, context)
         d = ops.reshape(ops.cast(damping, mstype.float32), ())
         a0, b0 = self.coefficients(model, self.calibration * 1.0, d)
         done = ops.assign(self.system, qm.pack(model))

@@ -10,6 +10,10 @@ The momentum rule (``momentum_rule.py``) runs them in one of two ways, same numb
   the parameter's preconditioning waiting for the previous parameter's update, so that one preconditioned
   gradient is alive at a time instead of a second gradient-sized set at the step's peak.
 
+The weights' values are read once, before the step's first branch (:func:`decay_terms`, called by the step
+rules' ``read_weights``): a Parameter read again in a branch graph that also writes it makes MindSpore copy
+it (a ``TensorMove`` of every such weight in each of the graphs that read it, every step).
+
 .. code-block:: text
 
     g     <- g + weight_decay * w          where the decay filter keeps w (and weight_decay > 0)
@@ -25,12 +29,14 @@ from mindspore.ops import functional as F
 
 from ms_optim._thor.net.curvature import apply_form
 
-__all__ = ["precondition", "curvature_product", "apply_decay", "clip_to_unit_norm", "momentum_step",
-           "nesterov_step", "sequential_step", "scale", "restore", "take_trial",
-           "move", "write_flag"]
+__all__ = ["precondition", "curvature_product", "read_after", "decay_term", "decay_terms", "apply_decay",
+           "clip_to_unit_norm", "momentum_step", "nesterov_step", "sequential_step", "scale", "restore",
+           "take_trial", "move", "write_flag"]
 
 precondition = C.MultitypeFuncGraph("thor_precondition")
 curvature_product = C.MultitypeFuncGraph("thor_curvature_product")
+read_after = C.MultitypeFuncGraph("thor_read_after")
+decay_term = C.MultitypeFuncGraph("thor_decay_term")
 apply_decay = C.MultitypeFuncGraph("thor_apply_decay")
 clip_to_unit_norm = C.MultitypeFuncGraph("thor_clip_to_unit_norm")
 momentum_step = C.MultitypeFuncGraph("thor_momentum_step")
@@ -59,11 +65,49 @@ def _curvature_product_tensor(context, curved, form, slot, gradient, vector):
     return vector
 
 
-@apply_decay.register("Tensor", "Bool", "Tensor", "Tensor")
-def _apply_decay_tensor(weight_decay, decay, weight, gradient):
-    """g + wd * w where the decay filter keeps the parameter."""
+@decay_term.register("Tensor", "Tensor", "Bool", "Tensor")
+def _decay_term_tensor(weight_decay, anchor, decay, weight):
+    """``wd * w`` where the decay filter keeps the parameter, read after ``anchor``; else ``wd`` itself (a
+    placeholder :data:`apply_decay` does not read)."""
     if decay:
-        return gradient + weight_decay * ops.cast(weight, F.dtype(gradient))
+        return weight_decay * ops.depend(weight, anchor)
+    return weight_decay
+
+
+@decay_term.register("Tensor", "Tuple", "Bool", "Tensor")
+def _decay_term_after_all(weight_decay, anchor, decay, weight):
+    """:data:`decay_term` read after every element of ``anchor`` (the gradients: a per-layer strategy's
+    anchor)."""
+    if decay:
+        return weight_decay * ops.depend(weight, anchor)
+    return weight_decay
+
+
+@read_after.register("Tensor", "Tensor")
+def _read_after_tensor(anchor, weight):
+    """The weight's value, read after ``anchor``."""
+    return ops.depend(weight, anchor)
+
+
+@read_after.register("Tuple", "Tensor")
+def _read_after_tuple(anchor, weight):
+    """The weight's value, read after every element of ``anchor``."""
+    return ops.depend(weight, anchor)
+
+
+def decay_terms(hyper_map, weight_decay, anchor, decay_flags, weights):
+    """The weight-decay terms ``wd * w`` of every parameter (:data:`decay_term`), or ``weights`` themselves,
+    unread, when ``weight_decay`` is None (no decay)."""
+    if weight_decay is None:
+        return weights
+    return hyper_map(F.partial(decay_term, weight_decay, anchor), decay_flags, weights)
+
+
+@apply_decay.register("Bool", "Tensor", "Tensor")
+def _apply_decay_tensor(decay, term, gradient):
+    """``g + wd * w`` where the decay filter keeps the parameter (``term``: its :data:`decay_term`)."""
+    if decay:
+        return gradient + term
     return gradient
 
 
@@ -92,20 +136,21 @@ def _nesterov_step_tensor(momentum, learning_rate, gradient, weight, moment):
     return F.depend(True, F.depend(ops.assign_sub(weight, update), done))
 
 
-@sequential_step.register("Tuple", "Tuple", "Number", "Tuple", "Bool", "Tensor", "Tensor", "Tensor")
-def _sequential_step_tensor(update, context, form, slot, decay, gradient, weight, moment):
-    """One parameter: :data:`precondition`, :data:`apply_decay`, :data:`momentum_step`.
+@sequential_step.register("Tuple", "Tuple", "Number", "Tuple", "Bool", "Tensor", "Tensor", "Tensor", "Tensor")
+def _sequential_step_tensor(update, context, form, slot, decay, term, gradient, weight, moment):
+    """One parameter: :data:`precondition`, :data:`apply_decay` (``term``: its :data:`decay_term`),
+    :data:`momentum_step`.
 
-    ``update = (opt, momentum, learning_rate, weight_decay or None)``; ``context``, ``form`` and ``slot`` as
+    ``update = (opt, momentum, learning_rate, decays)``; ``context``, ``form`` and ``slot`` as
     :data:`precondition`'s. The momentum steps are side effects, run in parameter order, and each parameter's
-    reads of its inverses (or of its weight, for the decay) are ordered after the previous step, so one
-    preconditioned gradient is alive at a time. (A depend of the gradient on the moment Parameter itself
-    ordered nothing: a Parameter is no node of the execution order.)
+    reads of its inverses are ordered after the previous step, so one preconditioned gradient is alive at a
+    time. (A depend of the gradient on the moment Parameter itself ordered nothing: a Parameter is no node of
+    the execution order.)
     """
-    opt, momentum, learning_rate, weight_decay = update
+    opt, momentum, learning_rate, decays = update
     gradient = precondition(context, form, slot, gradient)
-    if weight_decay is not None:
-        gradient = apply_decay(weight_decay, decay, weight, gradient)
+    if decays:
+        gradient = apply_decay(decay, term, gradient)
     return momentum_step(opt, momentum, learning_rate, gradient, weight, moment)
 
 
