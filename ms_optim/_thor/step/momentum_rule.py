@@ -114,13 +114,15 @@ class MomentumRule(nn.Cell):
             self.before = weights.clone(prefix="thor_before", init="zeros")
 
     def read_weights(self, params, anchor):
-        """The decay terms (``update.decay_terms``) and, with ``damping="adaptive"``, the copy of the weights
-        before the step; run before the optimizer's branches (``update.py``), ordered after ``anchor``."""
+        """With ``damping="adaptive"``: the decay terms (``update.decay_terms``) and the copy of the weights
+        before the step, read before the optimizer's branches (``update.py``), ordered after ``anchor``. On
+        THOR's schedule the step reads each term itself, just in time (``params`` returned in their place)."""
+        if not self.measures:
+            return params
         terms = decay_terms(self.hyper_map, self.decay, anchor, self.decay_flags, params)
-        if self.measures:  # every value read before the first copy is written (one read of each weight)
-            values = self.hyper_map(F.partial(read_after, anchor), params)
-            terms = F.depend(terms, self.hyper_map(ops.assign, self.before, values))
-        return terms
+        # every value read before the first copy is written (one read of each weight)
+        values = self.hyper_map(F.partial(read_after, anchor), params)
+        return F.depend(terms, self.hyper_map(ops.assign, self.before, values))
 
     def _staged(self, params, gradients, lr, context, terms):
         """Precondition every gradient, then the rules that read all of them (KL clip, unit-norm clip), decay
@@ -130,6 +132,8 @@ class MomentumRule(nn.Cell):
         if self.kl_clip is not None:
             gradients = apply_kl_clip(gradients, raw_gradients, lr, self.kl_clip)
         if self.apply_weight_decay:
+            if not self.measures:  # read here (``read_weights``)
+                terms = decay_terms(self.hyper_map, self.decay, gradients, self.decay_flags, params)
             gradients = self.hyper_map(apply_decay, self.decay_flags, terms, gradients)
         if self.enable_clip_grad:
             gradients = self.hyper_map(clip_to_unit_norm, gradients)
@@ -141,7 +145,7 @@ class MomentumRule(nn.Cell):
 
     def construct(self, params, gradients, lr, context, step, terms):
         if self.sequential:
-            update = (self.opt, self.momentum, lr, self.apply_weight_decay)
+            update = (self.opt, self.momentum, lr, self.decay, not self.measures)
             success = self.hyper_map(F.partial(sequential_step, update, context), self.forms, self.slots,
                                      self.decay_flags, terms, gradients, params, self.moments)
         else:

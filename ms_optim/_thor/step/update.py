@@ -10,9 +10,12 @@ The momentum rule (``momentum_rule.py``) runs them in one of two ways, same numb
   the parameter's preconditioning waiting for the previous parameter's update, so that one preconditioned
   gradient is alive at a time instead of a second gradient-sized set at the step's peak.
 
-The weights' values are read once, before the step's first branch (:func:`decay_terms`, called by the step
-rules' ``read_weights``): a Parameter read again in a branch graph that also writes it makes MindSpore copy
-it (a ``TensorMove`` of every such weight in each of the graphs that read it, every step).
+With an adaptive learning rate or damping the weights' values are read once, before the step's first branch
+(:func:`decay_terms`, called by the step rules' ``read_weights``): a Parameter read again in a branch graph
+that also writes it makes MindSpore copy it (a ``TensorMove`` of every such weight in each of the graphs
+that read it, every step), and the adaptive step reads the weights three times. THOR's scheduled step reads
+each weight's decay term just in time, in the branch: MindSpore copies the weights there, but reading every
+term first would hold a parameter-sized set of terms through the preconditioning and raise the step's peak.
 
 .. code-block:: text
 
@@ -141,15 +144,18 @@ def _sequential_step_tensor(update, context, form, slot, decay, term, gradient, 
     """One parameter: :data:`precondition`, :data:`apply_decay` (``term``: its :data:`decay_term`),
     :data:`momentum_step`.
 
-    ``update = (opt, momentum, learning_rate, decays)``; ``context``, ``form`` and ``slot`` as
+    ``update = (opt, momentum, learning_rate, weight_decay or None, read)``; with ``read`` the decay term is
+    read here, from the weight (``term`` is then a placeholder). ``context``, ``form`` and ``slot`` as
     :data:`precondition`'s. The momentum steps are side effects, run in parameter order, and each parameter's
-    reads of its inverses are ordered after the previous step, so one preconditioned gradient is alive at a
-    time. (A depend of the gradient on the moment Parameter itself ordered nothing: a Parameter is no node of
-    the execution order.)
+    reads of its inverses (and of its weight) are ordered after the previous step, so one preconditioned
+    gradient is alive at a time. (A depend of the gradient on the moment Parameter itself ordered nothing: a
+    Parameter is no node of the execution order.)
     """
-    opt, momentum, learning_rate, decays = update
+    opt, momentum, learning_rate, weight_decay, read = update
     gradient = precondition(context, form, slot, gradient)
-    if decays:
+    if weight_decay is not None:
+        if read:
+            term = decay_term(weight_decay, gradient, decay, weight)
         gradient = apply_decay(decay, term, gradient)
     return momentum_step(opt, momentum, learning_rate, gradient, weight, moment)
 
