@@ -98,7 +98,7 @@ def release_freed_memory() -> bool:
 def release_after_compile(cell):
     """Make ``cell`` call :func:`release_freed_memory` after compiling and while its peak memory climbs.
 
-    ``cell`` (an ``nn.Cell`` run in GRAPH_MODE, e.g. a ``TrainOneStepCell``; and the ``graph_cells`` of a
+    ``cell`` (an ``nn.Cell`` run in GRAPH_MODE, e.g. a ``TrainOneStepCell``; and the ``_graph_cells`` of a
     training cell that runs its step as two graphs) compiles on its first call; MindSpore calls
     ``cell.compile`` again on every call and finds the graph cached. The wrapped ``compile`` releases after
     the first compilation of each phase (``"train"``, ``"eval"``, ...), and on a later call when the
@@ -108,7 +108,7 @@ def release_after_compile(cell):
     """
     if getattr(cell, "_ms_optim_releases", None) is not None:
         return cell
-    for part in getattr(cell, "graph_cells", ()):  # a training cell that runs its step as two graphs
+    for part in getattr(cell, "_graph_cells", ()):  # a training cell that runs its step as two graphs
         release_after_compile(part)
     compile_graph = cell.compile
     released = set()

@@ -153,32 +153,32 @@ class LossAndGrads(nn.Cell):
 
 
 class _OptimizerPart(nn.Cell):
-    """The first graph of :class:`_TwoGraphs`: the training cell's ``optimizer_part``."""
+    """The first graph of :class:`_TwoGraphs`: the training cell's ``_optimizer_part``."""
 
     def __init__(self, owner):
         super().__init__(auto_prefix=False)
         object.__setattr__(self, "owner", owner)  # not a child: the cell tree and names stay the owner's
 
     def construct(self, *inputs):
-        return self.owner.optimizer_part(*inputs)
+        return self.owner._optimizer_part(*inputs)
 
 
 class _ProbePart(nn.Cell):
-    """The second graph of :class:`_TwoGraphs`: the training cell's ``probe_part``."""
+    """The second graph of :class:`_TwoGraphs`: the training cell's ``_probe_part``."""
 
     def __init__(self, owner):
         super().__init__(auto_prefix=False)
         object.__setattr__(self, "owner", owner)
 
     def construct(self, *args):
-        count = self.owner.carried_count
-        return self.owner.probe_part(args[:count], *args[count:])
+        count = self.owner._carried_count
+        return self.owner._probe_part(args[:count], *args[count:])
 
 
 class _TwoGraphs:
     """A training cell with a :class:`LossProbe`, called from Python in GRAPH_MODE, runs its step as two
-    graphs: ``optimizer_part(*inputs)`` (the loss, the gradients and the optimizer; returns what the probe
-    needs, ``carried``) and ``probe_part(carried, *inputs)`` (the extra forward pass and the optimizer's
+    graphs: ``_optimizer_part(*inputs)`` (the loss, the gradients and the optimizer; returns what the probe
+    needs, ``carried``) and ``_probe_part(carried, *inputs)`` (the extra forward pass and the optimizer's
     finish; returns the cell's output). ``construct`` is the two in one graph: what runs in PYNATIVE_MODE,
     inside another cell's graph, and with MindSpore's graceful exit.
 
@@ -187,11 +187,11 @@ class _TwoGraphs:
     of every weight, twice per step); in two graphs each weight is read once per graph, as in a plain
     training step. Same numbers either way.
 
-    The second graph takes the ``carried_count`` Tensors of ``carried`` as arguments of their own (a tuple
+    The second graph takes the ``_carried_count`` Tensors of ``carried`` as arguments of their own (a tuple
     argument would be a constant of the graph: compiled anew every step). ``compile(*inputs)`` compiles both
     graphs (the second with placeholders of ``carried``: a mismatch only recompiles it on the first step).
-    ``graph_cells`` are the two graphs' cells (``()`` when the step is one graph always; ``_memory`` wraps
-    their compilation too); ``graph_parts()`` the ones that run now.
+    ``_graph_cells`` are the two graphs' cells (``()`` when the step is one graph always; ``_memory`` wraps
+    their compilation too); ``_graph_parts()`` the ones that run now.
     """
 
     def _set_parts(self, usable: bool) -> None:
@@ -199,11 +199,11 @@ class _TwoGraphs:
         subclass with a ``construct`` of its own runs it, as one graph)."""
         own = type(self).construct in (TrainOneStepCell.construct, TrainOneStepWithLossScaleCell.construct)
         parts = (_OptimizerPart(self), _ProbePart(self)) if usable and own else ()
-        object.__setattr__(self, "graph_cells", parts)
+        object.__setattr__(self, "_graph_cells", parts)
 
-    def graph_parts(self) -> tuple:
+    def _graph_parts(self) -> tuple:
         """The two graph cells when the step runs as two graphs now, else ``()``."""
-        parts = self.graph_cells
+        parts = self._graph_cells
         if not parts or self.use_graceful_exit or context.get_context("mode") != context.GRAPH_MODE \
                 or os.getenv("MS_JIT") == "0":
             return ()
@@ -213,14 +213,21 @@ class _TwoGraphs:
         return parts
 
     def compile(self, *args, **kwargs):
-        parts = self.graph_parts()
+        """Compile the training step for ``args`` (the network's inputs), as ``mindspore.nn.Cell.compile``.
+
+        With a THOR optimizer whose ``learning_rate`` or ``damping`` is "adaptive", called in GRAPH_MODE, the
+        step runs as two graphs, the optimizer's and its extra forward pass's: both are compiled (the second
+        for a float32 loss; another loss type compiles it again on the first step). Any other cell compiles
+        its one graph, as MindSpore's.
+        """
+        parts = self._graph_parts()
         if not parts or kwargs:
             return super().compile(*args, **kwargs)
         parts[0].compile(*args)
-        return parts[1].compile(*self.carried_placeholder(), *args)
+        return parts[1].compile(*self._carried_placeholder(), *args)
 
     def __call__(self, *args, **kwargs):
-        parts = self.graph_parts()
+        parts = self._graph_parts()
         if not parts or kwargs:
             return super().__call__(*args, **kwargs)
         return parts[1](*parts[0](*args), *args)
@@ -264,25 +271,25 @@ class TrainOneStepCell(_TwoGraphs, nn.TrainOneStepCell):
             grads = self.graceful_exit.exit_by_request(grads, self.init_param, self.exit_param)
         return ops.depend(loss, self.optimizer(grads)), grads
 
-    def optimizer_part(self, *inputs):
+    def _optimizer_part(self, *inputs):
         """The step up to the probe (``_TwoGraphs``): ``(loss,)``."""
         return (self._step(*inputs)[0],)
 
-    def probe_part(self, carried, *inputs):
-        """The probe after :meth:`optimizer_part`: the loss."""
+    def _probe_part(self, carried, *inputs):
+        """The probe after :meth:`_optimizer_part`: the loss."""
         return self.loss_probe(carried[0], *inputs)
 
-    carried_count = 1
+    _carried_count = 1
 
-    def carried_placeholder(self) -> tuple:
-        """What :meth:`optimizer_part` returns, for compiling :meth:`probe_part` ahead (a float32 loss)."""
+    def _carried_placeholder(self) -> tuple:
+        """What :meth:`_optimizer_part` returns, for compiling :meth:`_probe_part` ahead (a float32 loss)."""
         return (Tensor(0.0, mstype.float32),)
 
     def construct(self, *inputs):
         if self.loss_probe is None:
             return super().construct(*inputs)
         if not self.return_grad:
-            return self.probe_part(self.optimizer_part(*inputs), *inputs)
+            return self._probe_part(self._optimizer_part(*inputs), *inputs)
         loss, grads = self._step(*inputs)
         loss = self.loss_probe(loss, *inputs)
         grad_with_param_name = {}
@@ -380,7 +387,7 @@ class TrainOneStepWithLossScaleCell(_TwoGraphs, nn.TrainOneStepWithLossScaleCell
             check_scale_sense(sens)
         super().set_sense_scale(sens)
 
-    def optimizer_part(self, *inputs):
+    def _optimizer_part(self, *inputs):
         """The step up to the probe (``_TwoGraphs``): ``(loss, cond, scale_sense, overflow)``."""
         step = self.loss_scale_step + 1
         # a copy (the manager may update scale_sense below), checked before anything of this step runs
@@ -402,8 +409,8 @@ class TrainOneStepWithLossScaleCell(_TwoGraphs, nn.TrainOneStepWithLossScaleCell
             loss = ops.depend(loss, self.optimizer(grads))
         return loss, cond, self.scale_sense, overflow  # the scale after the manager's update
 
-    def probe_part(self, carried, *inputs):
-        """The probe after :meth:`optimizer_part` (none after an overflow): ``(loss, cond, scale_sense)``, as
+    def _probe_part(self, carried, *inputs):
+        """The probe after :meth:`_optimizer_part` (none after an overflow): ``(loss, cond, scale_sense)``, as
         MindSpore's cell returns them."""
         loss, cond, scale, overflow = carried
         if self.loss_probe is not None:
@@ -411,14 +418,14 @@ class TrainOneStepWithLossScaleCell(_TwoGraphs, nn.TrainOneStepWithLossScaleCell
                 loss = self.loss_probe(loss, *inputs)
         return loss, cond, scale
 
-    carried_count = 4
+    _carried_count = 4
 
-    def carried_placeholder(self) -> tuple:
-        """What :meth:`optimizer_part` returns, for compiling :meth:`probe_part` ahead."""
+    def _carried_placeholder(self) -> tuple:
+        """What :meth:`_optimizer_part` returns, for compiling :meth:`_probe_part` ahead."""
         return (Tensor(0.0, mstype.float32), Tensor(False), ops.zeros_like(self.scale_sense), Tensor(False))
 
     def construct(self, *inputs):
-        return self.probe_part(self.optimizer_part(*inputs), *inputs)
+        return self._probe_part(self._optimizer_part(*inputs), *inputs)
 
     def start_overflow_check(self, pre_cond, compute_input):
         """Start an overflow check (MindSpore's hook for subclasses): returns ``(status, compute_input)``.
