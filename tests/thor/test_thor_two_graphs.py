@@ -1,5 +1,5 @@
 """A training cell with adaptive THOR runs its step as two graphs when called in GRAPH_MODE
-(``ms_optim.loss_scale._TwoGraphs``: the loss, gradients and optimizer, then the extra forward pass and the
+(``ms_optim._extra_pass._TwoGraphs``: the loss, gradients and optimizer, then the extra forward pass and the
 optimizer's finish), and as one graph inside another cell's graph: the same numbers either way.
 
 Checked for both of ms_optim's training cells and for ``learning_rate`` and ``damping`` "adaptive" with

@@ -119,9 +119,9 @@ class MomentumRule(nn.Cell):
         THOR's schedule the step reads each term itself, just in time (``params`` returned in their place)."""
         if not self.measures:
             return params
-        terms = decay_terms(self.hyper_map, self.decay, anchor, self.decay_flags, params)
         # every value read before the first copy is written (one read of each weight)
         values = self.hyper_map(F.partial(read_after, anchor), params)
+        terms = decay_terms(self.hyper_map, self.decay, self.decay_flags, values)
         return F.depend(terms, self.hyper_map(ops.assign, self.before, values))
 
     def _staged(self, params, gradients, lr, context, terms):
@@ -133,7 +133,7 @@ class MomentumRule(nn.Cell):
             gradients = apply_kl_clip(gradients, raw_gradients, lr, self.kl_clip)
         if self.apply_weight_decay:
             if not self.measures:  # read here (``read_weights``)
-                terms = decay_terms(self.hyper_map, self.decay, gradients, self.decay_flags, params)
+                terms = decay_terms(self.hyper_map, self.decay, self.decay_flags, params)
             gradients = self.hyper_map(apply_decay, self.decay_flags, terms, gradients)
         if self.enable_clip_grad:
             gradients = self.hyper_map(clip_to_unit_norm, gradients)

@@ -136,7 +136,7 @@ class QuadraticRule(nn.Cell):
 
     def read_weights(self, weights, anchor):
         """The decay terms (``update.decay_terms``), read before the optimizer's branches (``update.py``)."""
-        return decay_terms(self.hyper_map, self.decay, anchor, self.decay_flags, weights)
+        return decay_terms(self.hyper_map, self.decay, self.decay_flags, weights, anchor)
 
     def _model(self, terms, gradients, directions, context):
         """The model over ``(x, y)``, from the preconditioned ``directions`` ``u = -x`` (built over ``(u, y)``

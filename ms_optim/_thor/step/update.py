@@ -68,21 +68,12 @@ def _curvature_product_tensor(context, curved, form, slot, gradient, vector):
     return vector
 
 
-@decay_term.register("Tensor", "Tensor", "Bool", "Tensor")
-def _decay_term_tensor(weight_decay, anchor, decay, weight):
-    """``wd * w`` where the decay filter keeps the parameter, read after ``anchor``; else ``wd`` itself (a
-    placeholder :data:`apply_decay` does not read)."""
+@decay_term.register("Tensor", "Bool", "Tensor")
+def _decay_term_tensor(weight_decay, decay, weight):
+    """``wd * w`` where the decay filter keeps the parameter; else ``wd`` itself (a placeholder
+    :data:`apply_decay` does not read)."""
     if decay:
-        return weight_decay * ops.depend(weight, anchor)
-    return weight_decay
-
-
-@decay_term.register("Tensor", "Tuple", "Bool", "Tensor")
-def _decay_term_after_all(weight_decay, anchor, decay, weight):
-    """:data:`decay_term` read after every element of ``anchor`` (the gradients: a per-layer strategy's
-    anchor)."""
-    if decay:
-        return weight_decay * ops.depend(weight, anchor)
+        return weight_decay * weight
     return weight_decay
 
 
@@ -98,12 +89,15 @@ def _read_after_tuple(anchor, weight):
     return ops.depend(weight, anchor)
 
 
-def decay_terms(hyper_map, weight_decay, anchor, decay_flags, weights):
-    """The weight-decay terms ``wd * w`` of every parameter (:data:`decay_term`), or ``weights`` themselves,
-    unread, when ``weight_decay`` is None (no decay)."""
+def decay_terms(hyper_map, weight_decay, decay_flags, weights, anchor=None):
+    """The weight-decay terms ``wd * w`` of every parameter (:data:`decay_term`; the weights read after
+    ``anchor`` when one is given), or ``weights`` themselves, unread, when ``weight_decay`` is None (no
+    decay)."""
     if weight_decay is None:
         return weights
-    return hyper_map(F.partial(decay_term, weight_decay, anchor), decay_flags, weights)
+    if anchor is not None:
+        weights = hyper_map(F.partial(read_after, anchor), weights)
+    return hyper_map(F.partial(decay_term, weight_decay), decay_flags, weights)
 
 
 @apply_decay.register("Bool", "Tensor", "Tensor")
@@ -155,7 +149,7 @@ def _sequential_step_tensor(update, context, form, slot, decay, term, gradient, 
     gradient = precondition(context, form, slot, gradient)
     if weight_decay is not None:
         if read:
-            term = decay_term(weight_decay, gradient, decay, weight)
+            term = decay_term(weight_decay, decay, weight)
         gradient = apply_decay(decay, term, gradient)
     return momentum_step(opt, momentum, learning_rate, gradient, weight, moment)
 
