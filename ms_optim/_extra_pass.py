@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import os
 
-from mindspore import context, nn, ops
+from mindspore import Parameter, ParameterTuple, context, nn, ops
+from mindspore.ops import composite as C
+from mindspore.ops import functional as F
 
 from ms_optim._thor.step.optimizer import ThorOptimizer
 
@@ -44,11 +46,14 @@ class LossProbe(_ParsedMode):
     Inputs: ``(loss, *inputs)``, the step's loss (ordered after the optimizer) and inputs. Output: ``loss``,
     ordered after the finish.
 
+    The running statistics the forward pass writes (every sub-Cell's ``moving_mean`` and ``moving_variance``
+    Parameters: BatchNorm's) are put back after it, so they take each batch once, from the step's own forward
+    pass, as with any other optimizer (and a rejected trial leaves no trace in them).
+
     In GRAPH_MODE the probe's forward is the value of ``ops.value_and_grad``, whose gradients nothing reads
     (so only its forward pass runs): a plain call of the network next to the step's gradient makes MindSpore
     2.10 fail to compile some networks ("Illegal AnfNode for evaluating", e.g. a masked-LM gather at
-    ``arange(batch)
-    * seq`` offsets).
+    ``arange(batch) * seq`` offsets).
     """
 
     def __init__(self, network: nn.Cell, optimizer):
@@ -56,6 +61,8 @@ class LossProbe(_ParsedMode):
         self.network = network
         self.optimizer = optimizer
         self.weights = optimizer.parameters
+        self.running = running_statistics(network)
+        self.hyper_map = ops.HyperMap()
 
     def probe_loss(self, *inputs):
         """The network's loss on ``inputs`` (a forward pass in training mode)."""
@@ -66,9 +73,43 @@ class LossProbe(_ParsedMode):
     def construct(self, loss, *inputs):
         if self.optimizer.probe_due(ops.depend(self.optimizer.global_step, loss)):
             first = ops.depend(inputs[0], loss)  # the forward reads the parameters the optimizer left
-            after = self.probe_loss(first, *inputs[1:])
+            if self.running:  # ... and the running statistics after their copy, which it leaves as they were
+                saved = self.hyper_map(_copy, self.running)
+                after = self.probe_loss(ops.depend(first, saved), *inputs[1:])
+                after = ops.depend(after, self.hyper_map(F.partial(_put_back, after), self.running, saved))
+            else:
+                after = self.probe_loss(first, *inputs[1:])
             loss = ops.depend(loss, self.optimizer.finish_step(loss, after))
         return loss
+
+
+_copy = C.MultitypeFuncGraph("ms_optim_copy")
+_put_back = C.MultitypeFuncGraph("ms_optim_put_back")
+
+
+@_copy.register("Tensor")
+def _copy_tensor(value):
+    """A copy of ``value`` (what a later in-place write of its Parameter leaves alone)."""
+    return ops.deepcopy(value)
+
+
+@_put_back.register("Tensor", "Tensor", "Tensor")
+def _put_back_tensor(after, parameter, value):
+    """``parameter = value``, once ``after`` is computed."""
+    return ops.assign(parameter, ops.depend(value, after))
+
+
+def running_statistics(network: nn.Cell) -> ParameterTuple:
+    """The running statistics a forward pass of ``network`` in training mode writes: the ``moving_mean`` and
+    ``moving_variance`` Parameters of its sub-Cells (BatchNorm's), each once."""
+    found, seen = [], set()
+    for _, cell in network.cells_and_names():
+        for attribute in ("moving_mean", "moving_variance"):
+            parameter = getattr(cell, attribute, None)
+            if isinstance(parameter, Parameter) and id(parameter) not in seen:
+                seen.add(id(parameter))
+                found.append(parameter)
+    return ParameterTuple(found)
 
 
 def loss_probe_for(network: nn.Cell, optimizer) -> "LossProbe | None":
