@@ -10,7 +10,9 @@ step runs: their difference is that extra pass, the floor of the adaptive step's
 the median of each over ``--cost-steps`` steps (the first, which compiles, left out; a whole number of THOR
 periods, so THOR steps and the others are in their proportion), the ratios of the adaptive steps to THOR's, the
 extra forward pass as a share of THOR's step, and the ratio without it; then, with MindSpore's profiler over one
-THOR period of each optimizer, the kernels launched per step.
+THOR period of each cell, the kernels launched per step and their compute time (in all and per op type): the
+extra pass's share of THOR's kernel time is the same floor without the launches and the machine's drift, and
+THOR's costliest op types say what that floor is made of.
 """
 from __future__ import annotations
 
@@ -84,8 +86,9 @@ def _cells(task: Dict, args) -> Dict:
     return cells
 
 
-def _kernels_per_step(cell, batches, steps: int) -> float:
-    """Kernels launched per step by ``cell`` over ``steps`` steps (MindSpore's profiler, CPU op statistics)."""
+def _profile(cell, batches, steps: int) -> Dict:
+    """Kernels launched per step by ``cell`` over ``steps`` steps, and their compute milliseconds per step, in all
+    and per op type (MindSpore's profiler, CPU op statistics)."""
     from mindspore import Profiler
 
     folder = tempfile.mkdtemp(prefix="ms_optim_kernels_")
@@ -94,11 +97,14 @@ def _kernels_per_step(cell, batches, steps: int) -> float:
         cell(*batches[i % len(batches)]).asnumpy()
     profiler.stop()
     profiler.analyse()
-    launched = 0
+    launched, by_type = 0, {}
     for path in glob.glob(os.path.join(folder, "**", "cpu_op_type_info_*.csv"), recursive=True):
         with open(path, encoding="utf-8") as handle:
-            launched += sum(int(row["type_occurrences"]) for row in csv.DictReader(handle))
-    return launched / steps
+            for row in csv.DictReader(handle):
+                launched += int(row["type_occurrences"])
+                by_type[row["op_type"]] = by_type.get(row["op_type"], 0.0) + float(row["total_compute_time"])
+    by_type = {op: value / steps for op, value in sorted(by_type.items(), key=lambda item: -item[1])}
+    return {"kernels": launched / steps, "kernel_ms": sum(by_type.values()), "kernel_ms_by_type": by_type}
 
 
 def measure_cost(task: Dict, args) -> Dict:
@@ -118,15 +124,22 @@ def measure_cost(task: Dict, args) -> Dict:
             times[kind].append(time.perf_counter() - start)
     median = {kind: statistics.median(values[1:]) for kind, values in times.items()}
     forward = max(0.0, median["gradients_and_forward"] - median["gradients"])
-    kernels = {kind: _kernels_per_step(cells[kind], batches, args.frequency)
-               for kind in ("thor", "adaptive", "damping")}
+    profiles = {kind: _profile(cell, batches, args.frequency) for kind, cell in cells.items()}
+    kernels = {kind: profiles[kind]["kernels"] for kind in ("thor", "adaptive", "damping")}
+    kernel_ms = {kind: profile["kernel_ms"] for kind, profile in profiles.items()}
+    forward_kernels = max(0.0, kernel_ms["gradients_and_forward"] - kernel_ms["gradients"])
+    thor_types = profiles["thor"]["kernel_ms_by_type"]
     return {"task": task["name"], "steps": len(times["thor"]) - 1,
             "step_ms": {**{kind: 1e3 * value for kind, value in median.items()}, "forward": 1e3 * forward},
             "adaptive_vs_thor": median["adaptive"] / median["thor"],
             "damping_vs_thor": median["damping"] / median["thor"],
             "forward_share_of_thor": forward / median["thor"],
             "adaptive_vs_thor_without_forward": (median["adaptive"] - forward) / median["thor"],
-            "kernels_per_step": kernels}
+            "kernels_per_step": kernels,
+            # the profiler's compute time of the kernels alone (no launches): steadier than the wall clock
+            "kernel_ms_per_step": kernel_ms,
+            "forward_kernel_share_of_thor": forward_kernels / kernel_ms["thor"],
+            "thor_kernel_ms_by_type": {op: thor_types[op] for op in list(thor_types)[:6]}}
 
 
 def cost_main(args, build_task) -> int:
@@ -145,7 +158,10 @@ def cost_main(args, build_task) -> int:
               f"{record['adaptive_vs_thor_without_forward']:.2f}x); damping='adaptive' only "
               f"{ms_['damping']:7.2f} ms ({record['damping_vs_thor']:.2f}x); kernels per step: THOR "
               f"{record['kernels_per_step']['thor']:.0f}, adaptive {record['kernels_per_step']['adaptive']:.0f}, "
-              f"damping only {record['kernels_per_step']['damping']:.0f}",
+              f"damping only {record['kernels_per_step']['damping']:.0f}; the extra forward pass's kernels "
+              f"{100 * record['forward_kernel_share_of_thor']:.0f}% of THOR's kernel time; THOR's costliest "
+              f"kernels: " + ", ".join(f"{op} {value:.1f} ms" for op, value
+                                       in list(record["thor_kernel_ms_by_type"].items())[:3]),
               flush=True)
     settings = {k: v for k, v in vars(args).items() if k != "out"}
     write_json(args.out + ".json", {"settings": settings, "wall_seconds": time.perf_counter() - wall,
@@ -177,8 +193,11 @@ def plot_cost(path: str, records: List[Dict], args) -> None:
     ax.bar(xs, forward, 0.27, bottom=rest, label="its extra forward pass", color="#E8A0A2")
     ax.bar([x + 0.27 for x in xs], damping, 0.27, label="damping='adaptive' only (forward included)",
            color="#8172B2")
-    for x, r, d in zip(xs, records, damping):
+    for x, r, d, f in zip(xs, records, damping, forward):
         ax.text(x, r["adaptive_vs_thor"], f"{r['adaptive_vs_thor']:.2f}x", ha="center", va="bottom", fontsize=8)
+        if f <= 0.0:  # the gradients-only cells did not tell the extra pass apart: no split is drawn
+            ax.text(x, 0.5 * r["adaptive_vs_thor"], "extra\nforward\nnot\nresolved", ha="center", va="center",
+                    fontsize=6, color="white")
         if d:
             ax.text(x + 0.27, d, f"{d:.2f}x", ha="center", va="bottom", fontsize=8)
     names = [f"{r['task']}\nTHOR {r['step_ms']['thor']:.0f} ms\nadaptive {r['step_ms']['adaptive']:.0f} ms"
