@@ -10,7 +10,6 @@ from __future__ import annotations
 import os
 
 from mindspore import Parameter, ParameterTuple, context, nn, ops
-from mindspore.ops import composite as C
 from mindspore.ops import functional as F
 
 from ms_optim._thor.step.optimizer import ThorOptimizer
@@ -74,29 +73,14 @@ class LossProbe(_ParsedMode):
         if self.optimizer.probe_due(ops.depend(self.optimizer.global_step, loss)):
             first = ops.depend(inputs[0], loss)  # the forward reads the parameters the optimizer left
             if self.running:  # ... and the running statistics after their copy, which it leaves as they were
-                saved = self.hyper_map(_copy, self.running)
+                # a real copy: a multiply by one would be folded to the Parameter's own memory in GRAPH_MODE
+                saved = self.hyper_map(ops.deepcopy, self.running)
                 after = self.probe_loss(ops.depend(first, saved), *inputs[1:])
-                after = ops.depend(after, self.hyper_map(F.partial(_put_back, after), self.running, saved))
+                after = ops.depend(after, self.hyper_map(ops.assign, self.running, F.depend(saved, after)))
             else:
                 after = self.probe_loss(first, *inputs[1:])
             loss = ops.depend(loss, self.optimizer.finish_step(loss, after))
         return loss
-
-
-_copy = C.MultitypeFuncGraph("ms_optim_copy")
-_put_back = C.MultitypeFuncGraph("ms_optim_put_back")
-
-
-@_copy.register("Tensor")
-def _copy_tensor(value):
-    """A copy of ``value`` (what a later in-place write of its Parameter leaves alone)."""
-    return ops.deepcopy(value)
-
-
-@_put_back.register("Tensor", "Tensor", "Tensor")
-def _put_back_tensor(after, parameter, value):
-    """``parameter = value``, once ``after`` is computed."""
-    return ops.assign(parameter, ops.depend(value, after))
 
 
 def running_statistics(network: nn.Cell) -> ParameterTuple:
