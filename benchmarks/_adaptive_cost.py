@@ -11,8 +11,8 @@ the median of each over ``--cost-steps`` steps (the first, which compiles, left 
 periods, so THOR steps and the others are in their proportion), the ratios of the adaptive steps to THOR's, the
 extra forward pass as a share of THOR's step, and the ratio without it; then, with MindSpore's profiler over one
 THOR period of each cell, the kernels launched per step and their compute time (in all and per op type): the
-extra pass's share of THOR's kernel time is the same floor without the launches and the machine's drift, and
-THOR's costliest op types say what that floor is made of.
+extra pass's share of THOR's kernel time is the same floor without the launches (a convolution's compute time
+still varies from cell to cell on LeNet5), and THOR's costliest op types say what that floor is made of.
 """
 from __future__ import annotations
 
@@ -136,7 +136,7 @@ def measure_cost(task: Dict, args) -> Dict:
             "forward_share_of_thor": forward / median["thor"],
             "adaptive_vs_thor_without_forward": (median["adaptive"] - forward) / median["thor"],
             "kernels_per_step": kernels,
-            # the profiler's compute time of the kernels alone (no launches): steadier than the wall clock
+            # the profiler's compute time of the kernels alone (no launches)
             "kernel_ms_per_step": kernel_ms,
             "forward_kernel_share_of_thor": forward_kernels / kernel_ms["thor"],
             "thor_kernel_ms_by_type": {op: thor_types[op] for op in list(thor_types)[:6]}}
